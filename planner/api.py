@@ -1,0 +1,84 @@
+"""The Python API behind the CLI: load, plan, simulate, compare with no offload.
+
+    from planner import api
+    graph = api.load_graph("graphs/transformer_block.json")
+    hw = api.hardware("ascend-910c", hbm="2GB")
+    result = api.plan(graph, hw, planner="reactive")
+    result.timeline.valid, result.timeline.metrics.makespan_ns
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from planner.bounds import largest_working_set
+from planner.errors import InfeasibleBudget, InputError
+from planner.executor import simulate
+from planner.formats import load_graph
+from planner.graph import Graph
+from planner.hardware import HBM, Hardware, preset, with_overrides
+from planner.plan import Plan
+from planner.planners import get_planner
+from planner.planners.none import plan_none
+from planner.timeline import Timeline
+
+__all__ = ["Result", "load_graph", "hardware", "check_compatible", "plan", "no_offload_reference"]
+
+
+@dataclass(frozen=True)
+class Result:
+    """A plan, its executed timeline, the planner's wall time, and the no-offload reference timeline."""
+
+    plan: Plan
+    timeline: Timeline
+    runtime_s: float
+    reference: Timeline
+
+    @property
+    def overhead(self) -> float:
+        """Makespan over the no-offload makespan, minus one (0.05 = 5% slower)."""
+        ref = self.reference.metrics.makespan_ns
+        return self.timeline.metrics.makespan_ns / ref - 1 if ref else 0.0
+
+
+def hardware(name: str = "ascend-910c", **overrides) -> Hardware:
+    """Return a preset with overrides applied (``hbm="64GB"``, ``link_bandwidth={"d2h": "40GB/s"}``, ...)."""
+    return with_overrides(preset(name), **overrides)
+
+
+def check_compatible(graph: Graph, hw: Hardware, source: str = "<graph>") -> None:
+    """Raise InputError when a tensor starts on a tier the hardware does not have."""
+    tiers = {t.name for t in hw.tiers}
+    for t in graph.tensors.values():
+        if t.name not in graph.producer and t.home not in tiers:
+            raise InputError(
+                source, f"tensor {t.name!r}",
+                f"home tier {t.home!r} is not on hardware {hw.name!r} (tiers: {', '.join(sorted(tiers))})",
+            )
+
+
+def no_offload_reference(graph: Graph, hw: Hardware) -> Timeline:
+    """The no-offload plan's timeline on ``hw`` with unbounded HBM: the makespan and peak to compare against."""
+    from dataclasses import replace
+
+    from planner.hardware import Tier
+
+    big = replace(hw, tiers=tuple(Tier(t.name, 2**62) if t.name == HBM else t for t in hw.tiers))
+    return simulate(graph, big, plan_none(graph, big))
+
+
+def plan(graph: Graph, hw: Hardware, planner: str = "none", source: str = "<graph>", **options) -> Result:
+    """Plan ``graph`` on ``hw`` with the named planner, run the plan in the executor, and return the Result.
+
+    Raises InfeasibleBudget when the HBM budget is below the largest single-op working set.
+    """
+    check_compatible(graph, hw, source)
+    minimum, op = largest_working_set(graph)
+    if hw.hbm_bytes < minimum:
+        raise InfeasibleBudget(hw.hbm_bytes, minimum, op)
+    fn = get_planner(planner)
+    t0 = time.perf_counter()
+    p = fn(graph, hw, **options)
+    runtime = time.perf_counter() - t0
+    return Result(p, simulate(graph, hw, p), runtime, no_offload_reference(graph, hw))

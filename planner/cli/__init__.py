@@ -1,0 +1,218 @@
+"""The ``ho-plan`` command: a thin layer over ``planner.api``.
+
+Exit status: 0 a valid plan; 1 no valid plan (budget below the minimum, or violations); 2 bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.markup import escape
+
+from planner import api
+from planner.errors import InfeasibleBudget, InputError
+from planner.formats import read_json
+from planner.summary import summary_dict, summary_table
+from planner.units import format_bytes
+
+EXAMPLES = """
+\b
+Examples:
+  ho-plan graphs/transformer_block.json --hbm 2GB
+  ho-plan graphs/transformer_block.json --hbm 2GB --planner reactive --json
+  ho-plan graphs/remote_weights_chain.json --hardware h100-pcie --hbm 1GB --h2d 20GB/s
+  ho-plan validate transformer_block.schedule.json graphs/transformer_block.json
+"""
+
+
+class DefaultGroup(click.Group):
+    """A group whose default subcommand is ``plan``: ``ho-plan graph.json --hbm 64GB``."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
+            args = ["plan", *args]
+        return super().parse_args(ctx, args)
+
+
+def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
+    out = {}
+    for v in values:
+        if "=" not in v:
+            raise InputError("command line", option, f"{v!r} should be NAME=VALUE")
+        k, _, val = v.partition("=")
+        out[k.strip()] = val.strip()
+    return out
+
+
+def _option_value(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def run_guarded(fn):
+    """Run ``fn``; turn InputError into one line on stderr and exit 2, never a traceback."""
+    try:
+        return fn()
+    except InputError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+
+
+@click.group(cls=DefaultGroup, epilog=EXAMPLES, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="ho-plan")
+def main() -> None:
+    """ho-plan: plan where every tensor lives (HBM, remote pool, host) and when it moves.
+
+    The main job is `ho-plan GRAPH --hbm 64GB`: plan, validate in the timeline executor, print a summary and
+    write a ho-schedule/1 file.
+    """
+
+
+def hardware_options(f):
+    opts = [
+        click.option("--hardware", "preset_name", default="ascend-910c", show_default=True,
+                     help="Hardware preset: ascend-910c, cloudmatrix384, h100-pcie, gh200."),
+        click.option("--hbm", help="HBM budget, e.g. 64GB, 64GiB, 6.4e10 (default: the preset's HBM)."),
+        click.option("--d2h", help="Bandwidth of link d2h, e.g. 40GB/s."),
+        click.option("--h2d", help="Bandwidth of link h2d."),
+        click.option("--d2p", help="Bandwidth of link d2p (HBM to pool)."),
+        click.option("--p2d", help="Bandwidth of link p2d (pool to HBM)."),
+        click.option("--link", "links", multiple=True, metavar="NAME=BW", help="Any link's bandwidth."),
+        click.option("--latency", "latencies", multiple=True, metavar="NAME=TIME", help="A link's latency, e.g. d2h=5us."),
+        click.option("--channels", "channels", multiple=True, metavar="NAME=N", help="A link's concurrent channels."),
+        click.option("--tier", "tiers", multiple=True, metavar="NAME=SIZE", help="A tier's capacity, e.g. host=512GB."),
+        click.option("--peak-flops", help="Compute throughput in FLOP/s, e.g. 3.76e14."),
+        click.option("--hbm-bandwidth", help="HBM bandwidth for the roofline, e.g. 1.6TB/s."),
+        click.option("--launch-overhead", help="Per-op launch overhead, e.g. 5us."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def build_hardware(kw: dict):
+    links = _pairs(kw.pop("links"), "--link")
+    for name in ("d2h", "h2d", "d2p", "p2d"):
+        v = kw.pop(name)
+        if v is not None:
+            links[name] = v
+    channels = {k: _int(v, f"--channels {k}") for k, v in _pairs(kw.pop("channels"), "--channels").items()}
+    return api.hardware(
+        kw.pop("preset_name"),
+        hbm=kw.pop("hbm"),
+        tier_capacity=_pairs(kw.pop("tiers"), "--tier"),
+        link_bandwidth=links,
+        link_latency=_pairs(kw.pop("latencies"), "--latency"),
+        link_channels=channels,
+        peak_flops=kw.pop("peak_flops"),
+        hbm_bandwidth=kw.pop("hbm_bandwidth"),
+        launch_overhead=kw.pop("launch_overhead"),
+    )
+
+
+def _int(text: str, item: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise InputError("command line", item, f"{text!r} is not a whole number") from None
+
+
+@main.command("plan", epilog=EXAMPLES)
+@click.argument("graph_path", metavar="GRAPH", type=click.Path(dir_okay=False))
+@hardware_options
+@click.option("--planner", "planner_name", default="reactive", show_default=True,
+              help="Planner: none, reactive (more as they land).")
+@click.option("-O", "--planner-option", "planner_options", multiple=True, metavar="KEY=VALUE",
+              help="Passed straight to the planner, e.g. -O lookahead=2.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False),
+              help="Schedule file to write (default: ./<graph>.<planner>.schedule.json).")
+@click.option("--no-output", is_flag=True, help="Do not write a schedule file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def plan_cmd(graph_path, planner_name, planner_options, output, no_output, as_json, **hw_kw):
+    """Plan GRAPH for an HBM budget, validate the plan, print a summary, write a schedule."""
+
+    def go():
+        graph = api.load_graph(graph_path)
+        hw = build_hardware(hw_kw)
+        options = {k: _option_value(v) for k, v in _pairs(planner_options, "--planner-option").items()}
+        try:
+            result = api.plan(graph, hw, planner=planner_name, source=graph_path, **options)
+        except TypeError as exc:
+            raise InputError("command line", "--planner-option", str(exc)) from None
+        except InfeasibleBudget as exc:
+            if as_json:
+                click.echo(json.dumps({"graph": graph.name, "valid": False, "infeasible": True,
+                                       "hbm_budget_bytes": exc.budget, "minimum_hbm_bytes": exc.minimum,
+                                       "op": exc.op}))
+            else:
+                click.echo(
+                    f"infeasible: HBM budget {format_bytes(exc.budget)} is below the largest single-op working "
+                    f"set, {format_bytes(exc.minimum)} ({exc.minimum} B, op {exc.op!r}); no plan can fit",
+                    err=True,
+                )
+            sys.exit(1)
+        path = None
+        if not no_output and result.timeline.valid:
+            path = output or f"{Path(graph_path).name.removesuffix('.json').removesuffix('.onnx')}.{planner_name}.schedule.json"
+            from planner.schedule import write_schedule
+
+            write_schedule(path, graph, hw, result.plan, result.timeline)
+        d = summary_dict(graph, hw, result, path)
+        if as_json:
+            click.echo(json.dumps(d, indent=1))
+        else:
+            console = Console()
+            console.print(summary_table(d))
+            for v in result.timeline.violations[:20]:
+                console.print(f"[red]violation[/] {escape(v.describe())}", highlight=False)
+            if len(result.timeline.violations) > 20:
+                console.print(f"... and {len(result.timeline.violations) - 20} more", highlight=False)
+            for note in result.plan.notes:
+                console.print(f"note: {escape(note)}", highlight=False)
+            if not result.timeline.valid:
+                console.print("no schedule written: the plan is not valid", highlight=False)
+        if not result.timeline.valid:
+            sys.exit(1)
+
+    run_guarded(go)
+
+
+@main.command("validate")
+@click.argument("schedule_path", metavar="SCHEDULE", type=click.Path(dir_okay=False))
+@click.argument("graph_path", metavar="GRAPH", type=click.Path(dir_okay=False))
+def validate_cmd(schedule_path, graph_path):
+    """Re-run the executor on SCHEDULE for GRAPH; fail on any violation or mismatch with the file."""
+
+    def go():
+        from planner.schedule import validate_schedule
+
+        graph = api.load_graph(graph_path)
+        doc = read_json(schedule_path)
+        report = validate_schedule(doc, graph, schedule_path)
+        for v in report.timeline.violations:
+            click.echo(f"violation {v.describe()}")
+        for m in report.mismatches:
+            click.echo(f"mismatch {m}")
+        if not report.ok:
+            click.echo(f"{schedule_path}: INVALID", err=True)
+            sys.exit(1)
+        m = report.timeline.metrics
+        click.echo(f"{schedule_path}: valid; makespan {m.makespan_ns / 1000:.3f} us, "
+                   f"peak HBM {m.peak_bytes['hbm']} B, matches the recorded timeline")
+
+    run_guarded(go)
+
+
+# Subcommands that live in their own modules register themselves on ``main`` when imported here.
+# (Each module: ``from planner.cli import main`` then ``@main.command(...)``.)
+for _module in ():
+    __import__(f"planner.cli.{_module}")
+
+if __name__ == "__main__":
+    main()

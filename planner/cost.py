@@ -1,0 +1,35 @@
+"""Cost model: how long an op or a transfer takes, in integer nanoseconds.
+
+Integer time keeps the executor exact and its output byte-identical across runs and machines.
+"""
+
+from __future__ import annotations
+
+import math
+
+from planner.graph import Graph, Op
+from planner.hardware import Hardware, Link
+
+NS_PER_S = 1_000_000_000
+
+
+def op_duration_ns(op: Op, hw: Hardware) -> int:
+    """Return the op's duration: its measured duration if the graph gives one, else a roofline estimate.
+
+    Roofline: max(flops / peak_flops, bytes_accessed / hbm_bandwidth) plus the launch overhead.
+    """
+    if op.duration_s is not None:
+        seconds = op.duration_s
+    else:
+        seconds = max(op.flops / hw.peak_flops, op.bytes_accessed / hw.hbm_bandwidth_Bps) + hw.launch_overhead_s
+    return max(1, math.ceil(seconds * NS_PER_S))
+
+
+def transfer_duration_ns(nbytes: int, link: Link) -> int:
+    """Return latency + bytes / bandwidth for one transfer on one channel of ``link``."""
+    return max(1, math.ceil((link.latency_s + nbytes / link.bandwidth_Bps) * NS_PER_S))
+
+
+def op_durations_ns(graph: Graph, hw: Hardware) -> dict[str, int]:
+    """Return every op's duration, by op name."""
+    return {op.name: op_duration_ns(op, hw) for op in graph.ops}

@@ -1,0 +1,407 @@
+"""The timeline executor: runs a Plan on a model of the hardware and checks every rule of residency.
+
+``simulate(graph, hardware, plan)`` is the one entry point. It is a discrete-event simulation of one compute
+stream and one stream per link channel, with integer nanosecond times:
+
+1. timing: each step starts when its stream (for a link, the channel that frees first) is free and every step
+   it waits for has ended; the program order is the issue order on each stream;
+2. residency: the steps' starts and ends are replayed in time order to track every tensor's HBM copy, its
+   remote copies and their versions, and to list each violation with its step, op, tensor and time.
+
+Semantics (also in README.md): an op's outputs and workspace are allocated at its start; its inputs and
+in-place updates must be resident and usable on HBM for its whole duration; a Prefetch allocates its HBM copy at
+its start and the copy is usable at its end; a Store needs the tensor resident for the whole transfer and leaves a
+valid remote copy at its end, valid until the next in-place write; a Detach frees the HBM copy at once; a
+tensor that does not outlive the step is freed (HBM and remote copies) at the end of its last use.
+At equal times, ends come before frees and frees before starts.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from planner.cost import op_durations_ns, transfer_duration_ns
+from planner.graph import Graph
+from planner.hardware import HBM, Hardware
+from planner.plan import COMPUTE, Plan, Step, StepKind
+from planner.timeline import Metrics, Residency, StepTiming, Timeline, Violation
+
+# Event priorities at equal times.
+_OP_END, _STORE_END, _PREFETCH_END, _FREE, _START = 0, 1, 2, 3, 4
+
+
+def simulate(graph: Graph, hw: Hardware, plan: Plan, durations_ns: dict[str, int] | None = None) -> Timeline:
+    """Run ``plan`` and return its Timeline: step times, residencies, metrics and every violation found.
+
+    A plan is valid when ``timeline.violations`` is empty. A malformed program (unknown names, a wait on a later
+    step, an op missing or run twice, an order against the data dependencies) is reported without running it.
+    """
+    problems = check_program(graph, hw, plan)
+    if problems:
+        empty = Metrics(0, 0, 0, {t.name: 0 for t in hw.tiers}, {ln.name: 0 for ln in hw.links}, 0, 0)
+        return Timeline(steps=(), residencies=(), metrics=empty, violations=tuple(problems))
+    durations = durations_ns if durations_ns is not None else op_durations_ns(graph, hw)
+    timings, stall_ns = _time_steps(graph, hw, plan.steps, durations)
+    replay = _Replay(graph, hw, plan.steps, timings)
+    residencies, violations = replay.run()
+    violations += _capacity_violations(hw, residencies)
+    metrics = _metrics(graph, hw, plan.steps, timings, residencies, stall_ns)
+    violations.sort(key=lambda v: (v.time_ns, v.step if v.step is not None else -1, v.kind))
+    return Timeline(tuple(timings), tuple(residencies), metrics, tuple(violations))
+
+
+def check_program(graph: Graph, hw: Hardware, plan: Plan) -> list[Violation]:
+    """Return the structural problems of the program (empty when it can be run)."""
+    out: list[Violation] = []
+    links = {ln.name: ln for ln in hw.links}
+    seen: dict[str, int] = {}
+
+    def bad(i: int, msg: str, op: str | None = None, tensor: str | None = None) -> None:
+        out.append(Violation("program", 0, msg, step=i, op=op, tensor=tensor))
+
+    for i, s in enumerate(plan.steps):
+        if any(w < 0 or w >= i for w in s.waits):
+            bad(i, f"waits for step(s) {[w for w in s.waits if w < 0 or w >= i]} that do not come before it")
+        if s.kind is StepKind.COMPUTE:
+            if s.target not in graph.op_index:
+                bad(i, f"unknown op {s.target!r}", op=s.target)
+            elif s.target in seen:
+                bad(i, f"op runs twice (also step {seen[s.target]})", op=s.target)
+            else:
+                seen[s.target] = i
+            if s.stream != COMPUTE:
+                bad(i, f"compute step on stream {s.stream!r}", op=s.target)
+            continue
+        if s.target not in graph.tensors:
+            bad(i, f"unknown tensor {s.target!r}", tensor=s.target)
+        if s.kind is StepKind.DETACH:
+            if s.stream != COMPUTE and s.stream not in links:
+                bad(i, f"unknown stream {s.stream!r}", tensor=s.target)
+            continue
+        link = links.get(s.stream)
+        if link is None:
+            bad(i, f"{s.kind.value} on unknown link {s.stream!r}", tensor=s.target)
+        elif s.kind is StepKind.PREFETCH and link.dst != HBM:
+            bad(i, f"prefetch on link {link.name!r}, which does not lead to HBM", tensor=s.target)
+        elif s.kind is StepKind.STORE and link.src != HBM:
+            bad(i, f"store on link {link.name!r}, which does not leave HBM", tensor=s.target)
+    for op in graph.ops:
+        if op.name not in seen:
+            out.append(Violation("program", 0, "op never runs", op=op.name))
+    if not out:
+        for u, v in graph.dag.edges:
+            if seen[u] > seen[v]:
+                out.append(
+                    Violation("program", 0, f"runs before {u!r}, which it depends on", step=seen[v], op=v)
+                )
+    return out
+
+
+def _time_steps(
+    graph: Graph, hw: Hardware, steps: tuple[Step, ...], durations: dict[str, int]
+) -> tuple[list[StepTiming], int]:
+    """Return each step's start, end and channel, and the compute stream's stall time."""
+    links = {ln.name: ln for ln in hw.links}
+    channel_free = {ln.name: [0] * ln.channels for ln in hw.links}
+    compute_free = 0
+    stall = 0
+    timings: list[StepTiming] = []
+    for s in steps:
+        ready = max((timings[w].end_ns for w in s.waits), default=0)
+        if s.stream == COMPUTE:
+            start = max(compute_free, ready)
+            # Waiting on another compute step is ordinary; waiting on a transfer is a stall.
+            own = max(compute_free, max((timings[w].end_ns for w in s.waits if steps[w].stream == COMPUTE), default=0))
+            stall += start - own
+            end = start + (durations[s.target] if s.kind is StepKind.COMPUTE else 0)
+            compute_free = end
+            timings.append(StepTiming(start, end, 0))
+            continue
+        free = channel_free[s.stream]
+        ch = min(range(len(free)), key=lambda c: (free[c], c))
+        start = max(free[ch], ready)
+        if s.kind is StepKind.DETACH:
+            end = start
+        else:
+            end = start + transfer_duration_ns(graph.tensors[s.target].bytes, links[s.stream])
+        free[ch] = end
+        timings.append(StepTiming(start, end, ch))
+    return timings, stall
+
+
+@dataclass
+class _TensorState:
+    resident: bool = False
+    usable_ns: int = 0
+    pins: int = 0
+    version: int = 0
+    dead: bool = False
+
+
+class _Replay:
+    """Replays step starts and ends in time order, tracking copies, versions and allocations."""
+
+    def __init__(self, graph: Graph, hw: Hardware, steps: tuple[Step, ...], timings: list[StepTiming]) -> None:
+        self.g, self.hw, self.steps, self.t = graph, hw, steps, timings
+        self.links = {ln.name: ln for ln in hw.links}
+        self.state = {name: _TensorState() for name in graph.tensors}
+        # remote[tensor][tier] = version of the completed copy there
+        self.remote: dict[str, dict[str, int]] = {name: {} for name in graph.tensors}
+        self.open: dict[tuple[str, str], tuple[int, int, str]] = {}
+        self.residencies: list[Residency] = []
+        self.violations: list[Violation] = []
+        self.store_version: dict[int, int] = {}
+        # Start times of the compute steps that read or update each tensor, to tell if a copy is still needed.
+        self.use_starts: dict[str, list[int]] = {name: [] for name in graph.tensors}
+        for i, s in enumerate(steps):
+            if s.kind is StepKind.COMPUTE:
+                for tn in graph.op(s.target).reads:
+                    self.use_starts[tn].append(timings[i].start_ns)
+        for v in self.use_starts.values():
+            v.sort()
+
+    # -- allocation bookkeeping
+    def _alloc(self, tier: str, name: str, kind: str, nbytes: int, now: int) -> None:
+        self.open[(tier, name)] = (now, nbytes, kind)
+
+    def _free(self, tier: str, name: str, now: int) -> None:
+        start, nbytes, kind = self.open.pop((tier, name))
+        self.residencies.append(Residency(tier, name, kind, nbytes, start, now))
+
+    def _violate(self, kind: str, now: int, msg: str, step: int | None, op=None, tensor=None) -> None:
+        self.violations.append(Violation(kind, now, msg, step=step, op=op, tensor=tensor))
+
+    def _events(self) -> list[tuple[int, int, int, str]]:
+        ev: list[tuple[int, int, int, str]] = []
+        last_use: dict[str, int] = {}
+        for i, s in enumerate(self.steps):
+            st, en = self.t[i].start_ns, self.t[i].end_ns
+            if s.kind is StepKind.COMPUTE:
+                ev.append((st, _START, i, "op_start"))
+                ev.append((en, _OP_END, i, "op_end"))
+                op = self.g.op(s.target)
+                for tn in op.reads + op.outputs:
+                    last_use[tn] = max(last_use.get(tn, 0), en)
+            elif s.kind is StepKind.PREFETCH:
+                ev.append((st, _START, i, "prefetch_start"))
+                ev.append((en, _PREFETCH_END, i, "prefetch_end"))
+            elif s.kind is StepKind.STORE:
+                ev.append((st, _START, i, "store_start"))
+                ev.append((en, _STORE_END, i, "store_end"))
+                last_use[s.target] = max(last_use.get(s.target, 0), en)
+            else:
+                ev.append((st, _FREE, i, "detach"))
+        n = len(self.steps)
+        for k, name in enumerate(self.g.tensors):
+            if not self.g.tensors[name].persistent and name in last_use:
+                ev.append((last_use[name], _FREE, n + k, "dies:" + name))
+        ev.sort()
+        return ev
+
+    def run(self) -> tuple[list[Residency], list[Violation]]:
+        for name, tensor in self.g.tensors.items():
+            if name in self.g.producer:
+                continue
+            if tensor.home == HBM:
+                self.state[name].resident = True
+                self._alloc(HBM, name, tensor.kind.value, tensor.bytes, 0)
+            else:
+                self.remote[name][tensor.home] = 0
+                self._alloc(tensor.home, name, tensor.kind.value, tensor.bytes, 0)
+        for now, _prio, i, what in self._events():
+            if what.startswith("dies:"):
+                self._dies(what[5:], now)
+            else:
+                getattr(self, "_" + what)(i, now)
+        end = max((tm.end_ns for tm in self.t), default=0)
+        for tier, name in sorted(self.open):
+            self._free(tier, name, end)
+        self.residencies.sort(key=lambda r: (r.start_ns, r.tier, r.name))
+        return self.residencies, self.violations
+
+    # -- event handlers
+    def _op_start(self, i: int, now: int) -> None:
+        op = self.g.op(self.steps[i].target)
+        for tn in op.reads:
+            st = self.state[tn]
+            if not st.resident:
+                self._violate("not_resident", now, f"reads {tn!r}, which is not on HBM", i, op.name, tn)
+            elif st.usable_ns > now:
+                self._violate(
+                    "not_resident", now, f"reads {tn!r} before its prefetch ends at {st.usable_ns / 1000:.3f}us",
+                    i, op.name, tn,
+                )
+            st.pins += 1
+        for tn in op.outputs:
+            st = self.state[tn]
+            st.resident, st.usable_ns = True, self.t[i].end_ns
+            self._alloc(HBM, tn, self.g.tensors[tn].kind.value, self.g.tensors[tn].bytes, now)
+        if op.workspace_bytes:
+            self._alloc(HBM, "workspace:" + op.name, "workspace", op.workspace_bytes, now)
+
+    def _op_end(self, i: int, now: int) -> None:
+        op = self.g.op(self.steps[i].target)
+        for tn in op.reads:
+            self.state[tn].pins -= 1
+        for tn in op.updates:
+            self.state[tn].version += 1
+        if op.workspace_bytes:
+            self._free(HBM, "workspace:" + op.name, now)
+
+    def _prefetch_start(self, i: int, now: int) -> None:
+        tn = self.steps[i].target
+        src = self.links[self.steps[i].stream].src
+        st = self.state[tn]
+        copy = self.remote[tn].get(src)
+        if copy is None:
+            self._violate("no_remote_copy", now, f"prefetch from {src!r}, which holds no copy", i, tensor=tn)
+        elif copy != st.version:
+            self._violate("no_remote_copy", now, f"prefetch from {src!r}, whose copy is stale", i, tensor=tn)
+        if st.resident:
+            self._violate("already_resident", now, "prefetch of a tensor already on HBM", i, tensor=tn)
+            return
+        st.resident, st.usable_ns = True, self.t[i].end_ns
+        self._alloc(HBM, tn, self.g.tensors[tn].kind.value, self.g.tensors[tn].bytes, now)
+
+    def _prefetch_end(self, i: int, now: int) -> None:
+        pass  # usability was set at the start from the known end time
+
+    def _store_start(self, i: int, now: int) -> None:
+        tn = self.steps[i].target
+        dst = self.links[self.steps[i].stream].dst
+        st = self.state[tn]
+        if not st.resident or st.usable_ns > now:
+            self._violate("store_not_resident", now, f"store to {dst!r} of a tensor not on HBM", i, tensor=tn)
+            self.store_version[i] = -1
+        else:
+            st.pins += 1
+            self.store_version[i] = st.version
+        if (dst, tn) not in self.open and not st.dead:
+            self._alloc(dst, tn, self.g.tensors[tn].kind.value, self.g.tensors[tn].bytes, now)
+
+    def _store_end(self, i: int, now: int) -> None:
+        tn = self.steps[i].target
+        dst = self.links[self.steps[i].stream].dst
+        version = self.store_version[i]
+        if version < 0:
+            return
+        self.state[tn].pins -= 1
+        self.remote[tn][dst] = version
+
+    def _detach(self, i: int, now: int) -> None:
+        tn = self.steps[i].target
+        st = self.state[tn]
+        if not st.resident:
+            self._violate("detach_not_resident", now, "detach of a tensor not on HBM", i, tensor=tn)
+            return
+        if st.pins > 0:
+            self._violate("not_resident", now, "detach while an op or a store still uses the HBM copy", i, tensor=tn)
+        needed = self.g.tensors[tn].persistent or bisect.bisect_left(self.use_starts[tn], now) < len(
+            self.use_starts[tn]
+        )
+        if needed and not any(v == st.version for v in self.remote[tn].values()):
+            stale = " (remote copies are stale)" if self.remote[tn] else ""
+            self._violate("data_loss", now, f"detach drops the only valid copy of a tensor still needed{stale}", i,
+                          tensor=tn)
+        st.resident = False
+        self._free(HBM, tn, now)
+
+    def _dies(self, tn: str, now: int) -> None:
+        st = self.state[tn]
+        st.dead = True
+        for key in [k for k in self.open if k[1] == tn]:
+            self._free(key[0], tn, now)
+        st.resident = False
+
+
+def _capacity_violations(hw: Hardware, residencies: list[Residency]) -> list[Violation]:
+    """One violation each time a tier goes over its capacity (frees at a time count before allocations)."""
+    out: list[Violation] = []
+    for tier in hw.tiers:
+        cur, over = 0, False
+        for time, delta, name in _sweep(residencies, tier.name):
+            cur += delta
+            if cur > tier.capacity_bytes and not over:
+                out.append(Violation(
+                    "capacity", time,
+                    f"{tier.name} holds {cur} B, over its capacity of {tier.capacity_bytes} B",
+                    tensor=None if name.startswith("workspace:") else name,
+                    op=name[len("workspace:"):] if name.startswith("workspace:") else None,
+                ))
+                over = True
+            elif cur <= tier.capacity_bytes:
+                over = False
+    return out
+
+
+def _sweep(residencies: list[Residency], tier: str) -> list[tuple[int, int, str]]:
+    """Allocation deltas on ``tier`` in time order, frees before allocations at equal times."""
+    ev = []
+    for r in residencies:
+        if r.tier == tier and r.end_ns > r.start_ns:
+            ev.append((r.start_ns, 1, r.bytes, r.name))
+            ev.append((r.end_ns, 0, -r.bytes, r.name))
+    ev.sort()
+    return [(t, d, n) for t, _o, d, n in ev]
+
+
+def occupancy(residencies: list[Residency] | tuple[Residency, ...], tier: str) -> list[tuple[int, int]]:
+    """Return (time_ns, bytes on ``tier`` from then on), one point per change."""
+    out: list[tuple[int, int]] = []
+    cur = 0
+    for time, delta, _ in _sweep(list(residencies), tier):
+        cur += delta
+        if out and out[-1][0] == time:
+            out[-1] = (time, cur)
+        else:
+            out.append((time, cur))
+    return out
+
+
+def _metrics(
+    graph: Graph, hw: Hardware, steps: tuple[Step, ...], timings: list[StepTiming],
+    residencies: list[Residency], stall_ns: int,
+) -> Metrics:
+    makespan = max((tm.end_ns for tm in timings), default=0)
+    compute = [(timings[i].start_ns, timings[i].end_ns) for i, s in enumerate(steps) if s.kind is StepKind.COMPUTE]
+    compute_ns = sum(e - s for s, e in compute)
+    peak = {}
+    for tier in hw.tiers:
+        cur = best = 0
+        for _t, delta, _n in _sweep(residencies, tier.name):
+            cur += delta
+            best = max(best, cur)
+        peak[tier.name] = best
+    moved = {ln.name: 0 for ln in hw.links}
+    transfer_ns = hidden = 0
+    starts = [s for s, _ in compute]
+    prefix = [0]
+    for s, e in compute:
+        prefix.append(prefix[-1] + e - s)
+    for i, s in enumerate(steps):
+        if s.kind in (StepKind.PREFETCH, StepKind.STORE):
+            moved[s.stream] += graph.tensors[s.target].bytes
+            a, b = timings[i].start_ns, timings[i].end_ns
+            transfer_ns += b - a
+            hidden += _overlap(compute, starts, prefix, a, b)
+    return Metrics(makespan, compute_ns, stall_ns, peak, moved, transfer_ns, hidden)
+
+
+def _overlap(intervals: list[tuple[int, int]], starts: list[int], prefix: list[int], a: int, b: int) -> int:
+    """Length of [a, b) covered by sorted disjoint ``intervals``."""
+    if b <= a or not intervals:
+        return 0
+    lo = max(0, bisect.bisect_right(starts, a) - 1)
+    hi = bisect.bisect_left(starts, b)
+    if hi <= lo:
+        return 0
+    total = prefix[hi] - prefix[lo]
+    s0, e0 = intervals[lo]
+    total -= max(0, min(e0, a) - s0)
+    s1, e1 = intervals[hi - 1]
+    total -= max(0, e1 - max(s1, b))
+    return max(0, total)
+
+
+__all__ = ["simulate", "check_program", "occupancy"]

@@ -1,0 +1,116 @@
+"""Our JSON graph format, ``ho-graph/1`` (schema: planner/schemas/ho-graph-1.schema.json)."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import jsonschema
+
+from planner.errors import InputError
+from planner.graph import DTYPE_BYTES, Graph, Op, Tensor, TensorKind, tensor_bytes
+
+FORMAT = "ho-graph/1"
+
+
+@cache
+def schema() -> dict:
+    """Return the JSON Schema of ``ho-graph/1``."""
+    return json.loads(resources.files("planner").joinpath("schemas/ho-graph-1.schema.json").read_text())
+
+
+def _describe_path(doc: dict, path: list) -> str:
+    """Turn a JSON path like ['nodes', 3, 'flops'] into "node 'mm3' (nodes[3]).flops"."""
+    if len(path) >= 2 and path[0] in ("nodes", "tensors") and isinstance(path[1], int):
+        items = doc.get(path[0], [])
+        label = "node" if path[0] == "nodes" else "tensor"
+        name = items[path[1]].get("name") if path[1] < len(items) and isinstance(items[path[1]], dict) else None
+        head = f"{label} {name!r} ({path[0]}[{path[1]}])" if isinstance(name, str) else f"{path[0]}[{path[1]}]"
+        rest = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path[2:])
+        return head + rest
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".") or "document"
+
+
+def graph_from_dict(doc: Any, source: str) -> Graph:
+    """Return the Graph described by a parsed ``ho-graph/1`` document; raise InputError on the first problem."""
+    if not isinstance(doc, dict):
+        raise InputError(source, "document", "top level must be a JSON object")
+    validator = jsonschema.Draft202012Validator(schema())
+    error = jsonschema.exceptions.best_match(validator.iter_errors(doc))
+    if error is not None:
+        if error.validator == "additionalProperties":
+            msg = f"unknown field: {error.message}"
+        elif error.validator == "required":
+            msg = f"missing field: {error.message}"
+        elif error.validator == "anyOf" and error.schema_path and "tensor" in str(list(error.absolute_schema_path)):
+            msg = "give either bytes, or shape and dtype"
+        else:
+            msg = error.message
+        raise InputError(source, _describe_path(doc, list(error.absolute_path)), msg)
+    tensors = []
+    for i, t in enumerate(doc["tensors"]):
+        item = f"tensor {t['name']!r} (tensors[{i}])"
+        dtype = t.get("dtype")
+        if dtype is not None and dtype.lower() not in DTYPE_BYTES:
+            raise InputError(source, item, f"unknown dtype {dtype!r}")
+        dtype = dtype.lower() if dtype else None
+        shape = tuple(t["shape"]) if "shape" in t else None
+        if "bytes" in t:
+            nbytes = t["bytes"]
+        else:
+            nbytes = tensor_bytes(shape, dtype)
+        tensors.append(
+            Tensor(name=t["name"], bytes=nbytes, kind=TensorKind(t.get("kind", "activation")), shape=shape,
+                   dtype=dtype, home=t.get("home", "hbm"))
+        )
+    ops = []
+    for n in doc["nodes"]:
+        dur = n.get("duration_us")
+        ops.append(Op(
+            name=n["name"], op_type=n["op_type"], inputs=tuple(n.get("inputs", ())),
+            outputs=tuple(n.get("outputs", ())), updates=tuple(n.get("updates", ())),
+            flops=float(n.get("flops", 0.0)), bytes_accessed=float(n.get("bytes_accessed", 0.0)),
+            duration_s=None if dur is None else dur * 1e-6, workspace_bytes=int(n.get("workspace_bytes", 0)),
+        ))
+    return Graph.build(doc["name"], tensors, ops, source=source, metadata=doc.get("metadata"))
+
+
+def graph_to_dict(graph: Graph) -> dict:
+    """Return ``graph`` as a ``ho-graph/1`` document (plain JSON data), ops in graph order."""
+    tensors = []
+    for t in graph.tensors.values():
+        d: dict[str, Any] = {"name": t.name}
+        if t.shape is not None and t.dtype is not None and tensor_bytes(t.shape, t.dtype) == t.bytes:
+            d["shape"], d["dtype"] = list(t.shape), t.dtype
+        else:
+            d["bytes"] = t.bytes
+            if t.shape is not None:
+                d["shape"] = list(t.shape)
+            if t.dtype is not None:
+                d["dtype"] = t.dtype
+        d["kind"] = t.kind.value
+        if t.home != "hbm":
+            d["home"] = t.home
+        tensors.append(d)
+    nodes = []
+    for op in graph.ops:
+        d = {"name": op.name, "op_type": op.op_type, "inputs": list(op.inputs), "outputs": list(op.outputs)}
+        if op.updates:
+            d["updates"] = list(op.updates)
+        if op.flops:
+            d["flops"] = op.flops
+        if op.bytes_accessed:
+            d["bytes_accessed"] = op.bytes_accessed
+        if op.duration_s is not None:
+            d["duration_us"] = round(op.duration_s * 1e6, 6)
+        if op.workspace_bytes:
+            d["workspace_bytes"] = op.workspace_bytes
+        nodes.append(d)
+    out: dict[str, Any] = {"format": FORMAT, "name": graph.name}
+    if graph.metadata:
+        out["metadata"] = graph.metadata
+    out["tensors"] = tensors
+    out["nodes"] = nodes
+    return out

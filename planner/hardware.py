@@ -1,0 +1,280 @@
+"""Memory tiers, the links between them, and the compute that the cost model needs.
+
+Tier names: ``hbm`` (device memory) and any number of remote tiers, conventionally ``pool`` (the SuperNode's
+shared memory pool) and ``host`` (host DRAM over PCIe). A Link moves bytes one way between HBM and one remote
+tier; a link with several channels carries that many transfers at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+
+from planner.errors import InputError
+from planner.units import parse_bandwidth, parse_size, parse_time
+
+HBM = "hbm"
+
+
+@dataclass(frozen=True)
+class Tier:
+    name: str
+    capacity_bytes: int
+
+
+@dataclass(frozen=True)
+class Link:
+    """A one-way link. ``name`` is the stream name in plans (``d2h``, ``h2d``, ``d2p``, ``p2d``)."""
+
+    name: str
+    src: str
+    dst: str
+    bandwidth_Bps: float
+    latency_s: float = 0.0
+    channels: int = 1
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One accelerator's view of the machine: tiers, links, compute throughput and HBM bandwidth."""
+
+    name: str
+    tiers: tuple[Tier, ...]
+    links: tuple[Link, ...]
+    peak_flops: float
+    hbm_bandwidth_Bps: float
+    launch_overhead_s: float = 0.0
+    sources: dict[str, str] = field(default_factory=dict, compare=False)
+
+    def tier(self, name: str) -> Tier:
+        for t in self.tiers:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    def link(self, name: str) -> Link:
+        for ln in self.links:
+            if ln.name == name:
+                return ln
+        raise KeyError(name)
+
+    @property
+    def hbm_bytes(self) -> int:
+        return self.tier(HBM).capacity_bytes
+
+    @property
+    def remote_tiers(self) -> tuple[Tier, ...]:
+        return tuple(t for t in self.tiers if t.name != HBM)
+
+    def store_link(self, tier: str) -> Link:
+        """The link that carries HBM -> ``tier``."""
+        return next(ln for ln in self.links if ln.src == HBM and ln.dst == tier)
+
+    def fetch_link(self, tier: str) -> Link:
+        """The link that carries ``tier`` -> HBM."""
+        return next(ln for ln in self.links if ln.dst == HBM and ln.src == tier)
+
+    def fastest_remote_tier(self) -> str:
+        """The remote tier whose round trip (store then fetch) is quickest for a large tensor."""
+
+        def round_trip(t: Tier) -> float:
+            return 1 / self.store_link(t.name).bandwidth_Bps + 1 / self.fetch_link(t.name).bandwidth_Bps
+
+        return min(self.remote_tiers, key=lambda t: (round_trip(t), t.name)).name
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["tiers"] = [asdict(t) for t in self.tiers]
+        d["links"] = [asdict(ln) for ln in self.links]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "<hardware>") -> Hardware:
+        try:
+            return cls(
+                name=d["name"],
+                tiers=tuple(Tier(**t) for t in d["tiers"]),
+                links=tuple(Link(**ln) for ln in d["links"]),
+                peak_flops=float(d["peak_flops"]),
+                hbm_bandwidth_Bps=float(d["hbm_bandwidth_Bps"]),
+                launch_overhead_s=float(d.get("launch_overhead_s", 0.0)),
+                sources=dict(d.get("sources", {})),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InputError(source, "hardware", f"malformed hardware spec ({exc})") from None
+
+    def validate(self, source: str = "<hardware>") -> Hardware:
+        """Return self after checking names, capacities and that every remote tier has both links."""
+        names = [t.name for t in self.tiers]
+        if HBM not in names:
+            raise InputError(source, "hardware", "no 'hbm' tier")
+        if len(set(names)) != len(names):
+            raise InputError(source, "hardware", "tier names repeat")
+        for t in self.tiers:
+            if t.capacity_bytes <= 0:
+                raise InputError(source, f"tier {t.name!r}", "capacity must be positive")
+        for ln in self.links:
+            if ln.bandwidth_Bps <= 0 or ln.latency_s < 0 or ln.channels < 1:
+                raise InputError(source, f"link {ln.name!r}", "bandwidth must be positive, latency >= 0, channels >= 1")
+            if HBM not in (ln.src, ln.dst) or ln.src == ln.dst or {ln.src, ln.dst} - set(names):
+                raise InputError(source, f"link {ln.name!r}", "must join 'hbm' and a declared remote tier")
+        for t in self.remote_tiers:
+            for fn in (self.store_link, self.fetch_link):
+                try:
+                    fn(t.name)
+                except StopIteration:
+                    raise InputError(source, f"tier {t.name!r}", "needs a link in each direction") from None
+        if self.peak_flops <= 0 or self.hbm_bandwidth_Bps <= 0:
+            raise InputError(source, "hardware", "peak_flops and hbm_bandwidth must be positive")
+        return self
+
+
+def _pair(remote: str, down: str, up: str, bw_down: float, bw_up: float, lat: float, ch: int) -> tuple[Link, Link]:
+    """A store link (HBM -> remote) named ``down`` and a fetch link (remote -> HBM) named ``up``."""
+    return (
+        Link(down, HBM, remote, bw_down, lat, ch),
+        Link(up, remote, HBM, bw_up, lat, ch),
+    )
+
+
+GB = 10**9
+
+# Every number carries its source. "assumed" marks a value we chose where no public figure was found.
+PRESETS: dict[str, Hardware] = {
+    "ascend-910c": Hardware(
+        name="ascend-910c",
+        tiers=(Tier(HBM, 64 * GB), Tier("host", 1024 * GB)),
+        links=_pair("host", "d2h", "h2d", 33.6 * GB, 33.6 * GB, 10e-6, 1),
+        peak_flops=376e12,
+        hbm_bandwidth_Bps=1.6e12,
+        launch_overhead_s=5e-6,
+        sources={
+            "hbm": "64 GB per die: HyperOffload (arXiv 2602.00748) peaks at 61.2 GB on one device; "
+            "CloudMatrix384 (arXiv 2506.12708) gives 128 GB per dual-die Ascend 910C package",
+            "d2h/h2d": "33.6 GB/s: the D2H bandwidth HyperOffload measured on its platform; H2D assumed equal",
+            "peak_flops": "376 TFLOPS BF16 per die: half the ~752 TFLOPS dense BF16 reported for a 910C package",
+            "hbm_bandwidth": "1.6 TB/s per die: half the 3.2 TB/s reported for a 910C package",
+            "host": "1 TB host DRAM per device: assumed",
+            "latency": "10 us per transfer: assumed",
+            "launch_overhead": "5 us per kernel: assumed",
+        },
+    ),
+    "cloudmatrix384": Hardware(
+        name="cloudmatrix384",
+        tiers=(Tier(HBM, 64 * GB), Tier("pool", 4096 * GB), Tier("host", 1024 * GB)),
+        links=_pair("pool", "d2p", "p2d", 196 * GB, 196 * GB, 5e-6, 2)
+        + _pair("host", "d2h", "h2d", 33.6 * GB, 33.6 * GB, 10e-6, 1),
+        peak_flops=376e12,
+        hbm_bandwidth_Bps=1.6e12,
+        launch_overhead_s=5e-6,
+        sources={
+            "hbm": "64 GB per 910C die (CloudMatrix384, arXiv 2506.12708)",
+            "d2p/p2d": "196 GB/s per direction per die: half of the 392 GB/s unidirectional UB bandwidth per "
+            "910C package reported for CloudMatrix384; 2 channels assumed",
+            "pool": "4 TB share of the disaggregated DRAM pool per device: assumed (the SuperNode pools the DRAM "
+            "of its 192 Kunpeng CPUs)",
+            "d2h/h2d": "33.6 GB/s: HyperOffload's measured D2H",
+            "peak_flops": "376 TFLOPS BF16 per die",
+            "hbm_bandwidth": "1.6 TB/s per die",
+            "latency": "5 us pool, 10 us host: assumed",
+        },
+    ),
+    "h100-pcie": Hardware(
+        name="h100-pcie",
+        tiers=(Tier(HBM, 80 * GB), Tier("host", 512 * GB)),
+        links=_pair("host", "d2h", "h2d", 25 * GB, 25 * GB, 10e-6, 1),
+        peak_flops=756e12,
+        hbm_bandwidth_Bps=2.0e12,
+        launch_overhead_s=4e-6,
+        sources={
+            "hbm": "80 GB HBM2e, 2.0 TB/s (NVIDIA H100 PCIe datasheet)",
+            "peak_flops": "756 TFLOPS dense BF16 (NVIDIA H100 PCIe datasheet, 1513 with sparsity)",
+            "d2h/h2d": "25 GB/s per direction: typical pinned-memory copy rate on PCIe Gen5 x16 "
+            "(64 GB/s raw per direction); assumed",
+            "host": "512 GB host DRAM: assumed",
+            "latency": "10 us: assumed",
+            "launch_overhead": "4 us: assumed",
+        },
+    ),
+    "gh200": Hardware(
+        name="gh200",
+        tiers=(Tier(HBM, 96 * GB), Tier("host", 480 * GB)),
+        links=_pair("host", "d2h", "h2d", 450 * GB, 450 * GB, 2e-6, 2),
+        peak_flops=989e12,
+        hbm_bandwidth_Bps=4.0e12,
+        launch_overhead_s=4e-6,
+        sources={
+            "hbm": "96 GB HBM3 at 4.0 TB/s (NVIDIA GH200 datasheet)",
+            "host": "480 GB LPDDR5X on the Grace CPU (NVIDIA GH200 datasheet)",
+            "d2h/h2d": "450 GB/s per direction: NVLink-C2C, 900 GB/s total (NVIDIA GH200 datasheet)",
+            "peak_flops": "989 TFLOPS dense BF16 (H100 SXM figure, same GPU)",
+            "latency": "2 us: assumed",
+            "launch_overhead": "4 us: assumed",
+        },
+    ),
+}
+
+DEFAULT_PRESET = "ascend-910c"
+
+
+def preset(name: str) -> Hardware:
+    """Return the named preset; raise InputError listing the known names."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise InputError("command line", "--hardware", f"unknown preset {name!r} (known: {', '.join(PRESETS)})") from None
+
+
+def with_overrides(
+    hw: Hardware,
+    *,
+    hbm: str | None = None,
+    tier_capacity: dict[str, str] | None = None,
+    link_bandwidth: dict[str, str] | None = None,
+    link_latency: dict[str, str] | None = None,
+    link_channels: dict[str, int] | None = None,
+    peak_flops: str | float | None = None,
+    hbm_bandwidth: str | None = None,
+    launch_overhead: str | None = None,
+) -> Hardware:
+    """Return ``hw`` with the given fields replaced; values are parsed from text (``64GB``, ``40GB/s``)."""
+    tiers = list(hw.tiers)
+    caps = dict(tier_capacity or {})
+    if hbm is not None:
+        caps[HBM] = hbm
+    for name, text in caps.items():
+        idx = _index(tiers, name, "tier")
+        tiers[idx] = replace(tiers[idx], capacity_bytes=parse_size(text, f"--{name}"))
+    links = list(hw.links)
+    for name, text in (link_bandwidth or {}).items():
+        idx = _index(links, name, "link")
+        links[idx] = replace(links[idx], bandwidth_Bps=parse_bandwidth(text, f"--{name}"))
+    for name, text in (link_latency or {}).items():
+        idx = _index(links, name, "link")
+        links[idx] = replace(links[idx], latency_s=parse_time(text, f"--latency {name}"))
+    for name, n in (link_channels or {}).items():
+        idx = _index(links, name, "link")
+        if int(n) < 1:
+            raise InputError("command line", f"--channels {name}", "must be at least 1")
+        links[idx] = replace(links[idx], channels=int(n))
+    out = replace(hw, tiers=tuple(tiers), links=tuple(links))
+    if peak_flops is not None:
+        try:
+            pf = float(peak_flops)
+        except ValueError:
+            raise InputError("command line", "--peak-flops", f"{peak_flops!r} is not a number") from None
+        if pf <= 0:
+            raise InputError("command line", "--peak-flops", "must be positive")
+        out = replace(out, peak_flops=pf)
+    if hbm_bandwidth is not None:
+        out = replace(out, hbm_bandwidth_Bps=parse_bandwidth(hbm_bandwidth, "--hbm-bandwidth"))
+    if launch_overhead is not None:
+        out = replace(out, launch_overhead_s=parse_time(launch_overhead, "--launch-overhead"))
+    return out.validate("command line")
+
+
+def _index(items: list, name: str, what: str) -> int:
+    for i, it in enumerate(items):
+        if it.name == name:
+            return i
+    known = ", ".join(it.name for it in items)
+    raise InputError("command line", f"--{name}", f"this hardware has no {what} {name!r} (it has: {known})")

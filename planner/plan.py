@@ -1,0 +1,78 @@
+"""A Plan: the program a runtime would run, with no times in it.
+
+The program is an ordered list of steps. Each step runs on one stream (the compute stream, or a link) after the
+steps before it on that stream and after every step it waits for (an event wait). A step may only wait for
+steps that come earlier in the program, so a program can always be run front to back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+COMPUTE = "compute"
+
+
+class StepKind(str, Enum):
+    COMPUTE = "compute"
+    PREFETCH = "prefetch"  # remote tier -> HBM over a fetch link; the HBM copy is allocated at its start
+    STORE = "store"  # HBM -> remote tier over a store link; the remote copy is valid at its end
+    DETACH = "detach"  # drop the HBM copy (instant)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One program step. ``target`` is an op name (compute) or a tensor name (cache ops).
+
+    ``stream`` is ``compute`` or a link name; ``waits`` are indices of earlier steps.
+    """
+
+    kind: StepKind
+    target: str
+    stream: str
+    waits: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a planner returns: the program, plus who made it and how."""
+
+    graph_name: str
+    steps: tuple[Step, ...]
+    planner: str
+    options: dict = field(default_factory=dict)
+    status: str = "feasible"
+    notes: tuple[str, ...] = ()
+    stats: dict = field(default_factory=dict)
+
+    def compute_order(self) -> list[str]:
+        return [s.target for s in self.steps if s.kind is StepKind.COMPUTE]
+
+    def count(self, kind: StepKind) -> int:
+        return sum(1 for s in self.steps if s.kind is kind)
+
+
+class ProgramBuilder:
+    """Appends steps and hands back their indices, so planners can name what a step waits for."""
+
+    def __init__(self) -> None:
+        self.steps: list[Step] = []
+
+    def add(self, kind: StepKind, target: str, stream: str, waits: set[int] | list[int] | tuple = ()) -> int:
+        self.steps.append(Step(kind, target, stream, tuple(sorted(set(waits)))))
+        return len(self.steps) - 1
+
+    def compute(self, op: str, waits=()) -> int:
+        return self.add(StepKind.COMPUTE, op, COMPUTE, waits)
+
+    def prefetch(self, tensor: str, link: str, waits=()) -> int:
+        return self.add(StepKind.PREFETCH, tensor, link, waits)
+
+    def store(self, tensor: str, link: str, waits=()) -> int:
+        return self.add(StepKind.STORE, tensor, link, waits)
+
+    def detach(self, tensor: str, stream: str = COMPUTE, waits=()) -> int:
+        return self.add(StepKind.DETACH, tensor, stream, waits)
+
+    def build(self, graph_name: str, planner: str, **kwargs) -> Plan:
+        return Plan(graph_name=graph_name, steps=tuple(self.steps), planner=planner, **kwargs)

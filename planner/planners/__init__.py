@@ -1,0 +1,32 @@
+"""Planners: each takes (graph, hardware, options) and returns a Plan. They never compute times themselves;
+the executor does. ``PLANNERS`` maps the names the CLI accepts to the functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from planner.graph import Graph
+from planner.hardware import Hardware
+from planner.plan import Plan
+from planner.planners.none import plan_none
+from planner.planners.reactive import plan_reactive
+
+PlannerFn = Callable[..., Plan]
+
+PLANNERS: dict[str, PlannerFn] = {
+    "none": plan_none,
+    "reactive": plan_reactive,
+}
+
+
+def get_planner(name: str) -> PlannerFn:
+    from planner.errors import InputError
+
+    try:
+        return PLANNERS[name]
+    except KeyError:
+        raise InputError("command line", "--planner", f"unknown planner {name!r} (known: {', '.join(PLANNERS)})") from None
+
+
+__all__ = ["PLANNERS", "get_planner", "Graph", "Hardware", "Plan"]

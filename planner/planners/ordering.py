@@ -1,0 +1,94 @@
+"""Execution orders and the sequential memory view planners reason with (sizes only, no times)."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+from planner.graph import Graph
+
+# How many ready ops (the lowest-indexed) the memory-aware order weighs at each step; bounds the cost on wide graphs.
+READY_WINDOW = 32
+
+
+def graph_order(graph: Graph) -> list[str]:
+    """The order the graph gives (already topological)."""
+    return [op.name for op in graph.ops]
+
+
+def memory_aware_order(graph: Graph) -> list[str]:
+    """A topological order that greedily runs the ready op with the smallest net allocation.
+
+    Net allocation = bytes it creates (outputs, workspace) minus bytes it frees (transient inputs it reads last).
+    Ties go to the op that comes first in the graph.
+    """
+    dag = graph.dag
+    index = graph.op_index
+    indeg = {n: dag.in_degree(n) for n in dag.nodes}
+    remaining = {t: len(u) for t, u in graph.users.items()}
+    ready = [index[n] for n, d in indeg.items() if d == 0]
+    heapq.heapify(ready)
+    order: list[str] = []
+    while ready:
+        window = [heapq.heappop(ready) for _ in range(min(READY_WINDOW, len(ready)))]
+
+        def delta(i: int) -> tuple[int, int]:
+            op = graph.ops[i]
+            created = sum(graph.tensors[t].bytes for t in op.outputs) + op.workspace_bytes
+            freed = sum(
+                graph.tensors[t].bytes for t in op.reads
+                if remaining[t] == 1 and not graph.tensors[t].persistent
+            )
+            return (created - freed, i)
+
+        best = min(window, key=delta)
+        for i in window:
+            if i != best:
+                heapq.heappush(ready, i)
+        op = graph.ops[best]
+        order.append(op.name)
+        for t in op.reads:
+            remaining[t] -= 1
+        for succ in dag.successors(op.name):
+            indeg[succ] -= 1
+            if indeg[succ] == 0:
+                heapq.heappush(ready, index[succ])
+    return order
+
+
+def live_bytes(graph: Graph, order: Sequence[str], remote_resident: bool = True) -> list[int]:
+    """Return, for each op of ``order``, the bytes on HBM while it runs when nothing is offloaded.
+
+    Everything that exists before the step counts as resident from the start (``remote_resident``: also what
+    starts on a remote tier, as the no-offload plan prefetches it first); transient tensors are freed after
+    their last use, as the executor does.
+    """
+    pos = {name: i for i, name in enumerate(order)}
+    last: dict[str, int] = {}
+    for name in order:
+        op = graph.op(name)
+        for t in op.reads + op.outputs:
+            last[t] = max(last.get(t, -1), pos[name])
+    cur = 0
+    for name, t in graph.tensors.items():
+        if name not in graph.producer and (t.home == "hbm" or remote_resident) and (t.persistent or name in last):
+            cur += t.bytes
+    frees_at: dict[int, int] = {}
+    for name, i in last.items():
+        t = graph.tensors[name]
+        if not t.persistent:
+            frees_at[i] = frees_at.get(i, 0) + t.bytes
+    out = []
+    for i, name in enumerate(order):
+        op = graph.op(name)
+        cur += sum(graph.tensors[t].bytes for t in op.outputs)
+        out.append(cur + op.workspace_bytes)
+        cur -= frees_at.get(i, 0)
+    return out
+
+
+def best_no_offload_order(graph: Graph) -> list[str]:
+    """The graph's order or the memory-aware one, whichever peaks lower (the graph's order on a tie)."""
+    given = graph_order(graph)
+    aware = memory_aware_order(graph)
+    return aware if max(live_bytes(graph, aware)) < max(live_bytes(graph, given)) else given

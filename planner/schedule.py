@@ -1,0 +1,145 @@
+"""Schedule files, ``ho-schedule/1``: the plan, the hardware it was made for, and its executed timeline.
+
+Writing is deterministic (no wall-clock times, sorted keys) so the same input and options give the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner.errors import InputError
+from planner.executor import simulate
+from planner.fileio import write_atomic
+from planner.graph import Graph
+from planner.hardware import Hardware
+from planner.plan import Plan, Step, StepKind
+from planner.timeline import Timeline
+
+FORMAT = "ho-schedule/1"
+
+
+def schedule_to_dict(graph: Graph, hw: Hardware, plan: Plan, timeline: Timeline) -> dict:
+    """Return the ``ho-schedule/1`` document for a simulated plan."""
+    program = []
+    for i, s in enumerate(plan.steps):
+        entry = {"id": i, "kind": s.kind.value}
+        entry["node" if s.kind is StepKind.COMPUTE else "tensor"] = s.target
+        entry["stream"] = s.stream
+        entry["waits"] = list(s.waits)
+        program.append(entry)
+    executed = [
+        {"id": i, "start_us": tm.start_ns / 1000, "end_us": tm.end_ns / 1000, "channel": tm.channel}
+        for i, tm in enumerate(timeline.steps)
+    ]
+    return {
+        "format": FORMAT,
+        "graph": {"name": graph.name, "sha256": graph.sha256, "ops": len(graph.ops), "tensors": len(graph.tensors)},
+        "hardware": hw.to_dict(),
+        "planner": {
+            "name": plan.planner,
+            "options": plan.options,
+            "status": plan.status,
+            "notes": list(plan.notes),
+        },
+        "valid": timeline.valid,
+        "violations": [v.describe() for v in timeline.violations],
+        "metrics": timeline.metrics.to_dict(),
+        "tensors": [
+            {"name": t.name, "bytes": t.bytes, "kind": t.kind.value, "home": t.home if t.name not in graph.producer else None}
+            for t in graph.tensors.values()
+        ],
+        "program": program,
+        "timeline": executed,
+    }
+
+
+def dumps_schedule(doc: dict) -> str:
+    """Serialise a schedule document: one line per tensor, program step and timeline entry (diff-friendly)."""
+    lines = ["{"]
+    keys = list(doc)
+    for k, key in enumerate(keys):
+        comma = "," if k < len(keys) - 1 else ""
+        value = doc[key]
+        if isinstance(value, list) and value and isinstance(value[0], dict):
+            lines.append(f" {json.dumps(key)}: [")
+            for j, item in enumerate(value):
+                sep = "," if j < len(value) - 1 else ""
+                lines.append("  " + json.dumps(item, sort_keys=True, separators=(",", ":")) + sep)
+            lines.append(" ]" + comma)
+        else:
+            lines.append(f" {json.dumps(key)}: " + json.dumps(value, sort_keys=True) + comma)
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def write_schedule(path: str | Path, graph: Graph, hw: Hardware, plan: Plan, timeline: Timeline) -> None:
+    """Write the schedule file atomically."""
+    write_atomic(path, dumps_schedule(schedule_to_dict(graph, hw, plan, timeline)))
+
+
+def plan_from_dict(doc: dict, source: str) -> Plan:
+    """Rebuild the Plan from a schedule document's program."""
+    try:
+        steps = []
+        for i, e in enumerate(doc["program"]):
+            if e.get("id", i) != i:
+                raise InputError(source, f"program[{i}]", f"id {e.get('id')!r} out of sequence")
+            kind = StepKind(e["kind"])
+            target = e["node"] if kind is StepKind.COMPUTE else e["tensor"]
+            steps.append(Step(kind, target, e["stream"], tuple(int(w) for w in e["waits"])))
+        p = doc["planner"]
+        return Plan(doc["graph"]["name"], tuple(steps), p["name"], dict(p.get("options", {})), p.get("status", ""),
+                    tuple(p.get("notes", ())))
+    except InputError:
+        raise
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(source, "program", f"malformed schedule ({type(exc).__name__}: {exc})") from None
+
+
+@dataclass(frozen=True)
+class ValidationReport:
+    timeline: Timeline
+    mismatches: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return self.timeline.valid and not self.mismatches
+
+
+def validate_schedule(doc: dict, graph: Graph, source: str) -> ValidationReport:
+    """Re-run the executor on the schedule's program and hardware and compare with what the file records.
+
+    Raises InputError when the schedule is not ``ho-schedule/1`` or was made for another graph.
+    """
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise InputError(source, "format", f"not a {FORMAT} file")
+    recorded = doc.get("graph", {}).get("sha256")
+    if recorded != graph.sha256:
+        raise InputError(
+            source, "graph.sha256",
+            f"schedule was made for graph {doc.get('graph', {}).get('name')!r} ({str(recorded)[:12]}...), "
+            f"not {graph.name!r} ({graph.sha256[:12]}...)",
+        )
+    hw = Hardware.from_dict(doc.get("hardware", {}), source).validate(source)
+    plan = plan_from_dict(doc, source)
+    timeline = simulate(graph, hw, plan)
+    mismatches: list[str] = []
+    fresh = schedule_to_dict(graph, hw, plan, timeline)
+    if fresh["metrics"] != doc.get("metrics"):
+        for key in sorted(set(fresh["metrics"]) | set(doc.get("metrics", {}))):
+            a, b = doc.get("metrics", {}).get(key), fresh["metrics"].get(key)
+            if a != b:
+                mismatches.append(f"metrics.{key}: file says {a!r}, executor gives {b!r}")
+    recorded_tl = doc.get("timeline", [])
+    if len(recorded_tl) != len(fresh["timeline"]):
+        mismatches.append(f"timeline has {len(recorded_tl)} entries, program has {len(fresh['timeline'])} steps")
+    else:
+        for a, b in zip(recorded_tl, fresh["timeline"]):
+            if a != b:
+                mismatches.append(f"timeline[{b['id']}]: file says {a}, executor gives {b}")
+                break
+    if bool(doc.get("valid")) != timeline.valid:
+        mismatches.append(f"file says valid={doc.get('valid')!r}, executor says {timeline.valid}")
+    return ValidationReport(timeline, tuple(mismatches))

@@ -1,0 +1,66 @@
+"""The plan summary the CLI shows: as plain data (for --json) and as a rich table."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from planner.api import Result
+from planner.graph import Graph
+from planner.hardware import HBM, Hardware
+from planner.units import format_bytes, format_time_us
+
+
+def summary_dict(graph: Graph, hw: Hardware, result: Result, schedule_path: str | None) -> dict:
+    """Return the summary of a planning run as JSON-ready data."""
+    m = result.timeline.metrics
+    ref = result.reference.metrics
+    return {
+        "graph": graph.name,
+        "ops": len(graph.ops),
+        "tensors": len(graph.tensors),
+        "hardware": hw.name,
+        "planner": result.plan.planner,
+        "status": result.plan.status,
+        "valid": result.timeline.valid,
+        "violations": [v.describe() for v in result.timeline.violations],
+        "hbm_budget_bytes": hw.hbm_bytes,
+        "peak_hbm_bytes": m.peak_bytes[HBM],
+        "no_offload_peak_hbm_bytes": ref.peak_bytes[HBM],
+        "makespan_us": m.makespan_ns / 1000,
+        "no_offload_makespan_us": ref.makespan_ns / 1000,
+        "overhead": round(result.overhead, 6),
+        "bytes_moved": m.bytes_moved,
+        "stall_us": m.stall_ns / 1000,
+        "hidden_transfer_share": round(m.hidden_share, 6),
+        "defrag_events": m.defrag_events,
+        "planner_runtime_s": round(result.runtime_s, 3),
+        "notes": list(result.plan.notes),
+        "schedule": schedule_path,
+    }
+
+
+def summary_table(d: dict) -> Table:
+    """Return the summary as a two-column rich table."""
+    title = f"{d['graph']} on {d['hardware']} · planner {d['planner']}"
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column("metric", style="bold")
+    table.add_column("value")
+    budget, peak = d["hbm_budget_bytes"], d["peak_hbm_bytes"]
+    color = "green" if peak <= budget else "red"
+    table.add_row("valid", "[green]yes[/]" if d["valid"] else f"[red]no: {len(d['violations'])} violation(s)[/]")
+    table.add_row(
+        "peak HBM", f"[{color}]{format_bytes(peak)}[/] of {format_bytes(budget)} budget ({peak / budget:.1%})"
+    )
+    table.add_row("no-offload peak", format_bytes(d["no_offload_peak_hbm_bytes"]))
+    table.add_row("makespan", format_time_us(d["makespan_us"]))
+    table.add_row("no-offload makespan", format_time_us(d["no_offload_makespan_us"]))
+    table.add_row("overhead vs no offload", f"{d['overhead']:+.2%}")
+    moved = ", ".join(f"{k} {format_bytes(v)}" for k, v in d["bytes_moved"].items() if v) or "nothing"
+    table.add_row("bytes moved", moved)
+    table.add_row("compute stall", format_time_us(d["stall_us"]))
+    table.add_row("transfer hidden behind compute", f"{d['hidden_transfer_share']:.1%}")
+    table.add_row("defragmentation events", str(d["defrag_events"]))
+    table.add_row("planner time", f"{d['planner_runtime_s']:.2f} s")
+    if d["schedule"]:
+        table.add_row("schedule", d["schedule"])
+    return table

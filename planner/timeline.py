@@ -1,0 +1,91 @@
+"""What the executor returns: when every step ran, what was resident where, what went wrong."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    start_ns: int
+    end_ns: int
+    channel: int = 0
+
+
+@dataclass(frozen=True)
+class Residency:
+    """One allocation on a tier: a tensor copy (or an op's workspace) from ``start_ns`` to ``end_ns``."""
+
+    tier: str
+    name: str
+    kind: str
+    bytes: int
+    start_ns: int
+    end_ns: int
+
+
+@dataclass(frozen=True)
+class Violation:
+    kind: str
+    time_ns: int
+    message: str
+    step: int | None = None
+    op: str | None = None
+    tensor: str | None = None
+
+    def describe(self) -> str:
+        where = []
+        if self.step is not None:
+            where.append(f"step {self.step}")
+        if self.op:
+            where.append(f"op {self.op!r}")
+        if self.tensor:
+            where.append(f"tensor {self.tensor!r}")
+        return f"[{self.kind}] t={self.time_ns / 1000:.3f}us {' '.join(where)}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Metrics:
+    makespan_ns: int
+    compute_ns: int
+    stall_ns: int
+    peak_bytes: dict[str, int]
+    bytes_moved: dict[str, int]
+    transfer_ns: int
+    hidden_transfer_ns: int
+    defrag_events: int = 0
+    defrag_ns: int = 0
+    fragmentation_failures: int = 0
+    offset_height_bytes: int | None = None
+
+    @property
+    def hidden_share(self) -> float:
+        """Share of transfer time that overlaps compute (1.0 when nothing moves)."""
+        return 1.0 if self.transfer_ns == 0 else self.hidden_transfer_ns / self.transfer_ns
+
+    def to_dict(self) -> dict:
+        return {
+            "makespan_us": self.makespan_ns / 1000,
+            "compute_us": self.compute_ns / 1000,
+            "stall_us": self.stall_ns / 1000,
+            "peak_bytes": dict(sorted(self.peak_bytes.items())),
+            "bytes_moved": dict(sorted(self.bytes_moved.items())),
+            "transfer_us": self.transfer_ns / 1000,
+            "hidden_transfer_share": round(self.hidden_share, 6),
+            "defrag_events": self.defrag_events,
+            "defrag_us": self.defrag_ns / 1000,
+            "fragmentation_failures": self.fragmentation_failures,
+            "offset_height_bytes": self.offset_height_bytes,
+        }
+
+
+@dataclass(frozen=True)
+class Timeline:
+    steps: tuple[StepTiming, ...]
+    residencies: tuple[Residency, ...]
+    metrics: Metrics
+    violations: tuple[Violation, ...] = field(default_factory=tuple)
+
+    @property
+    def valid(self) -> bool:
+        return not self.violations

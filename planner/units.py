@@ -1,0 +1,100 @@
+"""Parsing and formatting of sizes, bandwidths and times.
+
+Decimal prefixes are powers of 1000 (GB), binary prefixes powers of 1024 (GiB), as in SI/IEC.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from planner.errors import InputError
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50,
+}
+_NUMBER = r"([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)"
+_SIZE_RE = re.compile(rf"^\s*{_NUMBER}\s*([a-zA-Z]*)\s*$")
+_BW_RE = re.compile(rf"^\s*{_NUMBER}\s*([a-zA-Z]*)\s*(?:/\s*s|ps)\s*$")
+_TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+_TIME_RE = re.compile(rf"^\s*{_NUMBER}\s*(ns|us|ms|s)\s*$")
+
+
+def parse_size(text: str | int | float, item: str = "size", source: str = "command line") -> int:
+    """Return the number of bytes in ``text`` (``64GB``, ``64GiB``, ``512MB``, ``6.4e10``).
+
+    Raises InputError for anything else, for zero and for negative values.
+    """
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value, unit = float(text), ""
+    else:
+        m = _SIZE_RE.match(str(text))
+        if not m:
+            raise InputError(source, item, f"{text!r} is not a size (use e.g. 64GB, 64GiB, 512MB or 6.4e10)")
+        value, unit = float(m.group(1)), m.group(2).lower()
+    if unit not in _SIZE_UNITS:
+        raise InputError(source, item, f"{text!r}: unknown size unit {unit!r} (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
+    size = value * _SIZE_UNITS[unit]
+    if not math.isfinite(size) or size <= 0:
+        raise InputError(source, item, f"{text!r} must be positive")
+    return int(round(size))
+
+
+def parse_bandwidth(text: str | int | float, item: str = "bandwidth", source: str = "command line") -> float:
+    """Return bytes per second for ``text`` (``40GB/s``, ``37.25GiB/s``, or a plain number of B/s)."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value, unit = float(text), ""
+    else:
+        m = _BW_RE.match(str(text))
+        if m:
+            value, unit = float(m.group(1)), m.group(2).lower()
+        else:
+            m = _SIZE_RE.match(str(text))
+            if not m or m.group(2):
+                raise InputError(source, item, f"{text!r} is not a bandwidth (use e.g. 40GB/s or 37GiB/s)")
+            value, unit = float(m.group(1)), ""
+    if unit not in _SIZE_UNITS:
+        raise InputError(source, item, f"{text!r}: unknown bandwidth unit {unit!r}/s")
+    bw = value * _SIZE_UNITS[unit]
+    if not math.isfinite(bw) or bw <= 0:
+        raise InputError(source, item, f"{text!r} must be positive")
+    return bw
+
+
+def parse_time(text: str | int | float, item: str = "time", source: str = "command line") -> float:
+    """Return seconds for ``text`` (``2us``, ``1.5ms``, ``3s``; a plain number is seconds)."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value = float(text)
+    else:
+        m = _TIME_RE.match(str(text))
+        if m:
+            value = float(m.group(1)) * _TIME_UNITS[m.group(2)]
+        else:
+            try:
+                value = float(text)
+            except ValueError:
+                raise InputError(source, item, f"{text!r} is not a time (use e.g. 2us, 1.5ms, 3s)") from None
+    if not math.isfinite(value) or value < 0:
+        raise InputError(source, item, f"{text!r} must be zero or positive")
+    return value
+
+
+def format_bytes(n: float) -> str:
+    """Return ``n`` bytes as a short decimal string such as ``61.2 GB``."""
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{sign}{n / scale:.3g} {unit}" if n / scale < 100 else f"{sign}{n / scale:.1f} {unit}"
+    return f"{sign}{n:.0f} B"
+
+
+def format_time_us(us: float) -> str:
+    """Return a duration given in microseconds as a short string (``1.25 ms``)."""
+    if us >= 1e6:
+        return f"{us / 1e6:.4g} s"
+    if us >= 1e3:
+        return f"{us / 1e3:.4g} ms"
+    return f"{us:.4g} us"
