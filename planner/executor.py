@@ -148,7 +148,8 @@ class _Replay:
         self.state = {name: _TensorState() for name in graph.tensors}
         # remote[tensor][tier] = version of the completed copy there
         self.remote: dict[str, dict[str, int]] = {name: {} for name in graph.tensors}
-        self.open: dict[tuple[str, str], tuple[int, int, str]] = {}
+        self.open: dict[tuple[str, str], tuple[int, int, str, int]] = {}
+        self.open_seq: list[str] = []
         self.residencies: list[Residency] = []
         self.violations: list[Violation] = []
         self.store_version: dict[int, int] = {}
@@ -163,11 +164,12 @@ class _Replay:
 
     # -- allocation bookkeeping
     def _alloc(self, tier: str, name: str, kind: str, nbytes: int, now: int) -> None:
-        self.open[(tier, name)] = (now, nbytes, kind)
+        self.open[(tier, name)] = (now, nbytes, kind, len(self.open_seq))
+        self.open_seq.append(name)
 
-    def _free(self, tier: str, name: str, now: int) -> None:
-        start, nbytes, kind = self.open.pop((tier, name))
-        self.residencies.append(Residency(tier, name, kind, nbytes, start, now))
+    def _free(self, tier: str, name: str, now: int, until_end: bool = False) -> None:
+        start, nbytes, kind, seq = self.open.pop((tier, name))
+        self.residencies.append(Residency(tier, name, kind, nbytes, start, now, until_end, seq))
 
     def _violate(self, kind: str, now: int, msg: str, step: int | None, op=None, tensor=None) -> None:
         self.violations.append(Violation(kind, now, msg, step=step, op=op, tensor=tensor))
@@ -216,8 +218,8 @@ class _Replay:
                 getattr(self, "_" + what)(i, now)
         end = max((tm.end_ns for tm in self.t), default=0)
         for tier, name in sorted(self.open):
-            self._free(tier, name, end)
-        self.residencies.sort(key=lambda r: (r.start_ns, r.tier, r.name))
+            self._free(tier, name, end, until_end=True)
+        self.residencies.sort(key=lambda r: (r.start_ns, r.seq))
         return self.residencies, self.violations
 
     # -- event handlers
@@ -339,11 +341,12 @@ def _sweep(residencies: list[Residency], tier: str) -> list[tuple[int, int, str]
     """Allocation deltas on ``tier`` in time order, frees before allocations at equal times."""
     ev = []
     for r in residencies:
-        if r.tier == tier and r.end_ns > r.start_ns:
-            ev.append((r.start_ns, 1, r.bytes, r.name))
-            ev.append((r.end_ns, 0, -r.bytes, r.name))
+        if r.tier == tier and (r.end_ns > r.start_ns or r.until_end):
+            ev.append((r.start_ns, 1, r.seq, r.bytes, r.name))
+            if not r.until_end:
+                ev.append((r.end_ns, 0, r.seq, -r.bytes, r.name))
     ev.sort()
-    return [(t, d, n) for t, _o, d, n in ev]
+    return [(t, d, n) for t, _o, _s, d, n in ev]
 
 
 def occupancy(residencies: list[Residency] | tuple[Residency, ...], tier: str) -> list[tuple[int, int]]:

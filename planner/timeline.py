@@ -22,6 +22,8 @@ class Residency:
     bytes: int
     start_ns: int
     end_ns: int
+    until_end: bool = False  # still held when the step ends (end_ns is then the makespan)
+    seq: int = 0  # allocation order in the replay: breaks ties between allocations at the same time
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ _SIZE_UNITS = {
 }
 _NUMBER = r"([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)"
 _SIZE_RE = re.compile(rf"^\s*{_NUMBER}\s*([a-zA-Z]*)\s*$")
-_BW_RE = re.compile(rf"^\s*{_NUMBER}\s*([a-zA-Z]*)\s*(?:/\s*s|ps)\s*$")
+_BW_RE = re.compile(rf"^\s*{_NUMBER}\s*([a-zA-Z]*)\s*/\s*s\s*$")
 _TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 _TIME_RE = re.compile(rf"^\s*{_NUMBER}\s*(ns|us|ms|s)\s*$")
 

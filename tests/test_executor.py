@@ -1,0 +1,220 @@
+"""The executor: exact times and peaks on hand-computed plans, and each violation kind on a bad plan."""
+
+import pytest
+from conftest import chain_graph, simple_hardware
+
+from planner.executor import occupancy, simulate
+from planner.graph import Graph, Op, Tensor, TensorKind
+from planner.plan import Plan, ProgramBuilder, Step, StepKind
+
+
+def skip_graph() -> Graph:
+    """op0: x -> a0; op1: x -> a1; op2: a1 -> a2; op3: a0, a2 -> a3 (a0 idle across op1 and op2)."""
+    us = 1e-6
+    tensors = [Tensor("x", 50, TensorKind.INPUT)] + [Tensor(f"a{i}", 100) for i in range(3)]
+    tensors.append(Tensor("a3", 100, TensorKind.OUTPUT))
+    ops = [
+        Op("op0", "F", ("x",), ("a0",), duration_s=us),
+        Op("op1", "F", ("x",), ("a1",), duration_s=us),
+        Op("op2", "F", ("a1",), ("a2",), duration_s=us),
+        Op("op3", "F", ("a0", "a2"), ("a3",), duration_s=us),
+    ]
+    return Graph.build("skip", tensors, ops)
+
+
+def offload_plan(prefetch_waits=(3,), op3_waits=(5,), store=True, prefetch=True) -> Plan:
+    pb = ProgramBuilder()
+    pb.compute("op0")                                  # 0
+    if store:
+        pb.store("a0", "d2h", waits=[0])               # 1
+    pb.detach("a0", "d2h", waits=[len(pb.steps) - 1])  # 2 (or 1)
+    pb.compute("op1")
+    pb.compute("op2")
+    if prefetch:
+        pb.prefetch("a0", "h2d", waits=list(prefetch_waits))
+    pb.compute("op3", waits=list(op3_waits) if prefetch else [])
+    return pb.build("skip", "hand")
+
+
+def kinds(timeline):
+    return sorted({v.kind for v in timeline.violations})
+
+
+def test_no_offload_chain_exact():
+    g = chain_graph()
+    hw = simple_hardware(hbm=1000)
+    pb = ProgramBuilder()
+    for op in g.ops:
+        pb.compute(op.name)
+    tl = simulate(g, hw, pb.build("chain", "hand"))
+    assert tl.valid
+    assert [(s.start_ns, s.end_ns) for s in tl.steps] == [(0, 1000), (1000, 2000), (2000, 3000)]
+    assert tl.metrics.makespan_ns == 3000
+    # x 50 + weights 30 resident at 0; each op adds its 100-byte output, its input dies at its end.
+    assert tl.metrics.peak_bytes["hbm"] == 230
+    assert tl.metrics.stall_ns == 0
+    assert occupancy(tl.residencies, "hbm") == [(0, 180), (1000, 230), (2000, 230), (3000, 130)]
+
+
+def test_offload_plan_exact():
+    g, hw = skip_graph(), simple_hardware(hbm=300)
+    tl = simulate(g, hw, offload_plan())
+    assert tl.valid, [v.describe() for v in tl.violations]
+    times = [(s.start_ns, s.end_ns) for s in tl.steps]
+    #        op0        store a0      detach        op1           op2           prefetch      op3
+    assert times == [(0, 1000), (1000, 1100), (1100, 1100), (1000, 2000), (2000, 3000), (2000, 2100), (3000, 4000)]
+    m = tl.metrics
+    assert m.makespan_ns == 4000
+    assert m.peak_bytes == {"hbm": 300, "host": 100}
+    assert m.bytes_moved == {"d2h": 100, "h2d": 100}
+    assert m.stall_ns == 0
+    assert m.transfer_ns == 200 and m.hidden_transfer_ns == 200
+    assert occupancy(tl.residencies, "hbm") == [(0, 150), (1000, 250), (1100, 150), (2000, 300), (3000, 300),
+                                                (4000, 100)]
+
+
+def test_stall_counted_when_compute_waits_for_a_transfer():
+    g = skip_graph()
+    hw = simple_hardware(hbm=300, bw=0.05e9)  # 100 bytes take 2000 ns
+    tl = simulate(g, hw, offload_plan(prefetch_waits=(2, 3)))
+    assert tl.valid, [v.describe() for v in tl.violations]
+    # store [1000, 3000), detach at 3000; the prefetch waits for the detach: [3000, 5000); op3 waits for it.
+    assert tl.steps[5].start_ns == 3000 and tl.steps[5].end_ns == 5000
+    assert tl.steps[6].start_ns == 5000
+    assert tl.metrics.stall_ns == 2000 and tl.metrics.makespan_ns == 6000
+
+
+def test_capacity_violation():
+    tl = simulate(skip_graph(), simple_hardware(hbm=250), offload_plan())
+    assert kinds(tl) == ["capacity"]
+    v = tl.violations[0]
+    assert v.time_ns == 2000 and v.tensor == "a0"
+
+
+def test_read_before_prefetch_ends():
+    tl = simulate(skip_graph(), simple_hardware(hbm=1000), offload_plan(prefetch_waits=(4,), op3_waits=()))
+    assert kinds(tl) == ["not_resident"]
+    v = tl.violations[0]
+    assert (v.op, v.tensor, v.time_ns) == ("op3", "a0", 3000)
+
+
+def test_read_after_detach_without_prefetch():
+    tl = simulate(skip_graph(), simple_hardware(hbm=1000), offload_plan(prefetch=False))
+    assert kinds(tl) == ["not_resident"]
+    assert tl.violations[0].op == "op3"
+
+
+def test_detach_without_store_loses_data():
+    tl = simulate(skip_graph(), simple_hardware(hbm=1000), offload_plan(store=False, prefetch_waits=(2,), op3_waits=(4,)))
+    assert "data_loss" in kinds(tl) and "no_remote_copy" in kinds(tl)
+
+
+def test_stale_copy_after_in_place_write():
+    g = Graph.build(
+        "upd",
+        [Tensor("w", 40, TensorKind.WEIGHT), Tensor("a", 10), Tensor("g", 10, TensorKind.GRADIENT)],
+        [Op("use", "F", ("w",), ("a",), duration_s=1e-6), Op("grad", "F", ("a",), ("g",), duration_s=1e-6),
+         Op("step", "SGD", ("g",), (), ("w",), duration_s=1e-6)],
+    )
+    pb = ProgramBuilder()
+    s = pb.store("w", "d2h")
+    pb.compute("use", waits=[s])
+    pb.compute("grad")
+    st = pb.compute("step")
+    pb.detach("w", waits=[st])
+    tl = simulate(g, simple_hardware(), pb.build("upd", "hand"))
+    assert kinds(tl) == ["data_loss"]
+    assert "stale" in tl.violations[0].message
+    # Storing again after the write makes the detach safe.
+    pb2 = ProgramBuilder()
+    for step in pb.steps[:-1]:
+        pb2.steps.append(step)
+    s2 = pb2.store("w", "d2h", waits=[st])
+    pb2.detach("w", "d2h", waits=[s2])
+    assert simulate(g, simple_hardware(), pb2.build("upd", "hand")).valid
+
+
+def test_prefetch_without_remote_copy_and_of_resident_tensor():
+    g = chain_graph()
+    pb = ProgramBuilder()
+    pb.prefetch("w0", "h2d")  # w0 lives on HBM only: no remote copy, and already resident
+    for op in g.ops:
+        pb.compute(op.name)
+    assert kinds(simulate(g, simple_hardware(), pb.build("chain", "hand"))) == ["already_resident", "no_remote_copy"]
+
+
+def test_store_and_detach_of_tensor_not_resident():
+    g = chain_graph(weight_home="host")
+    pb = ProgramBuilder()
+    pb.store("w2", "d2h")
+    pb.detach("w2")
+    fetched = [pb.prefetch(f"w{i}", "h2d") for i in range(3)]
+    for op in g.ops:
+        pb.compute(op.name, waits=fetched)
+    assert kinds(simulate(g, simple_hardware(), pb.build("chain", "hand"))) == ["detach_not_resident",
+                                                                                 "store_not_resident"]
+
+
+def test_remote_home_weights_need_prefetch():
+    g = chain_graph(weight_home="host")
+    pb = ProgramBuilder()
+    for op in g.ops:
+        pb.compute(op.name)
+    tl = simulate(g, simple_hardware(), pb.build("chain", "hand"))
+    assert kinds(tl) == ["not_resident"] and len(tl.violations) == 3
+
+
+@pytest.mark.parametrize(
+    "steps,expected",
+    [
+        ([Step(StepKind.COMPUTE, "op0", "compute", (1,))], "do not come before"),
+        ([Step(StepKind.COMPUTE, "op9", "compute")], "unknown op"),
+        ([Step(StepKind.PREFETCH, "ghost", "h2d")], "unknown tensor"),
+        ([Step(StepKind.PREFETCH, "a0", "d2h")], "does not lead to HBM"),
+        ([Step(StepKind.STORE, "a0", "h2d")], "does not leave HBM"),
+        ([Step(StepKind.STORE, "a0", "warp")], "unknown link"),
+        ([Step(StepKind.COMPUTE, "op1", "compute"), Step(StepKind.COMPUTE, "op0", "compute")], "depends on"),
+    ],
+)
+def test_malformed_programs(steps, expected):
+    g = chain_graph()
+    names = {s.target for s in steps if s.kind is StepKind.COMPUTE}
+    extra = [Step(StepKind.COMPUTE, op.name, "compute") for op in g.ops if op.name not in names]
+    if expected == "depends on":
+        extra = [Step(StepKind.COMPUTE, "op2", "compute")]
+    tl = simulate(g, simple_hardware(), Plan("chain", tuple(steps + extra), "hand"))
+    assert not tl.valid
+    assert any(v.kind == "program" and expected in v.message for v in tl.violations), [
+        v.describe() for v in tl.violations
+    ]
+
+
+def test_missing_and_repeated_ops():
+    g = chain_graph()
+    steps = (Step(StepKind.COMPUTE, "op0", "compute"), Step(StepKind.COMPUTE, "op0", "compute"))
+    msgs = [v.message for v in simulate(g, simple_hardware(), Plan("chain", steps, "hand")).violations]
+    assert any("runs twice" in m for m in msgs) and sum("never runs" in m for m in msgs) == 2
+
+
+def test_channels_run_transfers_in_parallel():
+    g = chain_graph(weight_home="host")
+    for channels, expected_end in ((1, 30), (3, 10)):
+        hw = simple_hardware(channels=channels)
+        pb = ProgramBuilder()
+        fetched = [pb.prefetch(f"w{i}", "h2d") for i in range(3)]
+        for op in g.ops:
+            pb.compute(op.name, waits=fetched)
+        tl = simulate(g, hw, pb.build("chain", "hand"))
+        assert tl.valid
+        assert max(tl.steps[i].end_ns for i in fetched) == expected_end
+        assert sorted(tl.steps[i].channel for i in fetched) == ([0, 0, 0] if channels == 1 else [0, 1, 2])
+
+
+def test_workspace_counts_while_the_op_runs():
+    g = Graph.build("ws", [Tensor("x", 10, TensorKind.INPUT), Tensor("y", 10, TensorKind.OUTPUT)],
+                    [Op("op", "F", ("x",), ("y",), duration_s=1e-6, workspace_bytes=500)])
+    pb = ProgramBuilder()
+    pb.compute("op")
+    tl = simulate(g, simple_hardware(), pb.build("ws", "hand"))
+    assert tl.metrics.peak_bytes["hbm"] == 520
+    assert occupancy(tl.residencies, "hbm")[-1] == (1000, 10)
