@@ -23,7 +23,10 @@ from planner.planners import get_planner
 from planner.planners.none import plan_none
 from planner.timeline import Timeline
 
-__all__ = ["Result", "load_graph", "hardware", "check_compatible", "plan", "no_offload_reference"]
+__all__ = [
+    "Result", "InfeasibleBudget", "load_graph", "hardware", "check_compatible", "plan", "no_offload_reference",
+    "largest_working_set",
+]
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ def write_atomic(path: str | Path, data: str | bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        # mkstemp creates 0600; a schedule is an ordinary file others should read.
+        os.chmod(tmp, p.stat().st_mode & 0o777 if p.exists() else 0o644)
         os.replace(tmp, p)
     except BaseException:
         try:

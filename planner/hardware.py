@@ -221,7 +221,8 @@ def preset(name: str) -> Hardware:
     try:
         return PRESETS[name]
     except KeyError:
-        raise InputError("command line", "--hardware", f"unknown preset {name!r} (known: {', '.join(PRESETS)})") from None
+        known = ", ".join(PRESETS)
+    raise InputError("command line", "--hardware", f"unknown preset {name!r} (known: {known})") from None
 
 
 def with_overrides(

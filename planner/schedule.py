@@ -47,7 +47,8 @@ def schedule_to_dict(graph: Graph, hw: Hardware, plan: Plan, timeline: Timeline)
         "violations": [v.describe() for v in timeline.violations],
         "metrics": timeline.metrics.to_dict(),
         "tensors": [
-            {"name": t.name, "bytes": t.bytes, "kind": t.kind.value, "home": t.home if t.name not in graph.producer else None}
+            {"name": t.name, "bytes": t.bytes, "kind": t.kind.value,
+             "home": None if t.name in graph.producer else t.home}
             for t in graph.tensors.values()
         ],
         "program": program,

@@ -105,7 +105,8 @@ def test_read_after_detach_without_prefetch():
 
 
 def test_detach_without_store_loses_data():
-    tl = simulate(skip_graph(), simple_hardware(hbm=1000), offload_plan(store=False, prefetch_waits=(2,), op3_waits=(4,)))
+    plan = offload_plan(store=False, prefetch_waits=(2,), op3_waits=(4,))
+    tl = simulate(skip_graph(), simple_hardware(hbm=1000), plan)
     assert "data_loss" in kinds(tl) and "no_remote_copy" in kinds(tl)
 
 

@@ -84,7 +84,8 @@ def hardware_options(f):
         click.option("--d2p", help="Bandwidth of link d2p (HBM to pool)."),
         click.option("--p2d", help="Bandwidth of link p2d (pool to HBM)."),
         click.option("--link", "links", multiple=True, metavar="NAME=BW", help="Any link's bandwidth."),
-        click.option("--latency", "latencies", multiple=True, metavar="NAME=TIME", help="A link's latency, e.g. d2h=5us."),
+        click.option("--latency", "latencies", multiple=True, metavar="NAME=TIME",
+                     help="A link's latency, e.g. d2h=5us."),
         click.option("--channels", "channels", multiple=True, metavar="NAME=N", help="A link's concurrent channels."),
         click.option("--tier", "tiers", multiple=True, metavar="NAME=SIZE", help="A tier's capacity, e.g. host=512GB."),
         click.option("--peak-flops", help="Compute throughput in FLOP/s, e.g. 3.76e14."),
@@ -159,7 +160,8 @@ def plan_cmd(graph_path, planner_name, planner_options, output, no_output, as_js
             sys.exit(1)
         path = None
         if not no_output and result.timeline.valid:
-            path = output or f"{Path(graph_path).name.removesuffix('.json').removesuffix('.onnx')}.{planner_name}.schedule.json"
+            stem = Path(graph_path).name.removesuffix(".json").removesuffix(".onnx")
+            path = output or f"{stem}.{planner_name}.schedule.json"
             from planner.schedule import write_schedule
 
             write_schedule(path, graph, hw, result.plan, result.timeline)

@@ -26,7 +26,8 @@ def get_planner(name: str) -> PlannerFn:
     try:
         return PLANNERS[name]
     except KeyError:
-        raise InputError("command line", "--planner", f"unknown planner {name!r} (known: {', '.join(PLANNERS)})") from None
+        known = ", ".join(PLANNERS)
+        raise InputError("command line", "--planner", f"unknown planner {name!r} (known: {known})") from None
 
 
 __all__ = ["PLANNERS", "get_planner", "Graph", "Hardware", "Plan"]
