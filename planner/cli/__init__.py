@@ -24,7 +24,7 @@ EXAMPLES = """
 Examples:
   ho-plan graphs/transformer_block.json --hbm 2GB
   ho-plan graphs/transformer_block.json --hbm 2GB --planner reactive --json
-  ho-plan graphs/remote_weights_chain.json --hardware h100-pcie --hbm 1GB --h2d 20GB/s
+  ho-plan graphs/remote_weights_chain.json --hardware cloudmatrix384 --hbm 500MB --p2d 100GB/s
   ho-plan validate transformer_block.schedule.json graphs/transformer_block.json
 """
 
