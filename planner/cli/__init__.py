@@ -124,9 +124,45 @@ def _int(text: str, item: str) -> int:
         raise InputError("command line", item, f"{text!r} is not a whole number") from None
 
 
+def graph_options(f):
+    """Options for the graph importers; each applies to its format and is ignored by the others."""
+    opts = [
+        click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
+                     help="ONNX: fix a symbolic dim, e.g. --dim batch=1 --dim sequence=4096 (repeatable)."),
+        click.option("--time-unit", metavar="TIME|macs",
+                     help="Checkmate/Moccasin graphs: time per cost unit (default 10us), or 'macs' when the "
+                          "costs count multiply-accumulates."),
+        click.option("--size-unit", metavar="SIZE",
+                     help="Checkmate/Moccasin graphs: bytes per size unit (default 1 byte), e.g. 1MB."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def load_options(kw: dict) -> dict:
+    """Pop the importer options from the command's keywords and return them as ``load_graph`` options."""
+    from planner.units import parse_size, parse_time
+
+    options: dict = {"dims": {k: _int(v, f"--dim {k}") for k, v in _pairs(kw.pop("dims"), "--dim").items()}}
+    time_unit = kw.pop("time_unit")
+    if time_unit is not None:
+        if time_unit.strip().lower() == "macs":
+            options["macs"] = True
+        else:
+            options["time_unit_s"] = parse_time(time_unit, "--time-unit")
+            if options["time_unit_s"] <= 0:
+                raise InputError("command line", "--time-unit", f"{time_unit!r} must be positive")
+    size_unit = kw.pop("size_unit")
+    if size_unit is not None:
+        options["size_unit_bytes"] = parse_size(size_unit, "--size-unit")
+    return options
+
+
 @main.command("plan", epilog=EXAMPLES)
 @click.argument("graph_path", metavar="GRAPH", type=click.Path(dir_okay=False))
 @hardware_options
+@graph_options
 @click.option("--planner", "planner_name", default="reactive", show_default=True,
               help="Planner: none, reactive (more as they land).")
 @click.option("-O", "--planner-option", "planner_options", multiple=True, metavar="KEY=VALUE",
@@ -139,7 +175,7 @@ def plan_cmd(graph_path, planner_name, planner_options, output, no_output, as_js
     """Plan GRAPH for an HBM budget, validate the plan, print a summary, write a schedule."""
 
     def go():
-        graph = api.load_graph(graph_path)
+        graph = api.load_graph(graph_path, **load_options(hw_kw))
         hw = build_hardware(hw_kw)
         options = {k: _option_value(v) for k, v in _pairs(planner_options, "--planner-option").items()}
         try:
@@ -188,13 +224,14 @@ def plan_cmd(graph_path, planner_name, planner_options, output, no_output, as_js
 @main.command("validate")
 @click.argument("schedule_path", metavar="SCHEDULE", type=click.Path(dir_okay=False))
 @click.argument("graph_path", metavar="GRAPH", type=click.Path(dir_okay=False))
-def validate_cmd(schedule_path, graph_path):
+@graph_options
+def validate_cmd(schedule_path, graph_path, **graph_kw):
     """Re-run the executor on SCHEDULE for GRAPH; fail on any violation or mismatch with the file."""
 
     def go():
         from planner.schedule import validate_schedule
 
-        graph = api.load_graph(graph_path)
+        graph = api.load_graph(graph_path, **load_options(graph_kw))
         doc = read_json(schedule_path)
         report = validate_schedule(doc, graph, schedule_path)
         for v in report.timeline.violations:

@@ -28,17 +28,30 @@ def read_json(path: str | Path) -> object:
         raise InputError(str(path), f"line {exc.lineno} column {exc.colno}", f"invalid JSON: {exc.msg}") from None
 
 
+ONNX_OPTIONS = frozenset({"dims", "symbolic", "fold_views"})
+CHECKMATE_OPTIONS = frozenset({"time_unit_s", "size_unit_bytes", "macs"})
+
+
+def _only(options: dict, names: frozenset) -> dict:
+    return {k: v for k, v in options.items() if k in names}
+
+
 def load_graph(path: str | Path, **options) -> Graph:
     """Return the Graph in ``path``: ``ho-graph/1`` JSON, an ``.onnx`` model, the JSON form of an ONNX
     ModelProto, or a Checkmate/Moccasin networkx node-link graph.
 
-    ``options`` go to the importer that reads the file (``dims`` for ONNX, ``time_unit_s`` for Checkmate).
+    ``options`` go to the importer that reads the file and are ignored by the others: ONNX takes ``dims``
+    (symbolic dim values), ``symbolic`` and ``fold_views``; Checkmate/Moccasin graphs take ``time_unit_s``,
+    ``size_unit_bytes`` and ``macs``. An option no importer knows is a TypeError.
     """
+    unknown = set(options) - ONNX_OPTIONS - CHECKMATE_OPTIONS
+    if unknown:
+        raise TypeError(f"load_graph() got unknown options: {', '.join(sorted(unknown))}")
     source = str(path)
     if str(path).endswith(".onnx"):
         from planner.formats.onnx_import import load_onnx
 
-        return load_onnx(path, **options)
+        return load_onnx(path, **_only(options, ONNX_OPTIONS))
     doc = read_json(path)
     if isinstance(doc, dict) and doc.get("format") == "ho-graph/1":
         from planner.formats.hograph import graph_from_dict
@@ -47,11 +60,11 @@ def load_graph(path: str | Path, **options) -> Graph:
     if isinstance(doc, dict) and "links" in doc and "nodes" in doc:
         from planner.formats.checkmate import graph_from_node_link
 
-        return graph_from_node_link(doc, source, **options)
+        return graph_from_node_link(doc, source, **_only(options, CHECKMATE_OPTIONS))
     if isinstance(doc, dict) and "graph" in doc and ("irVersion" in doc or "opsetImport" in doc):
         from planner.formats.onnx_import import load_onnx_json
 
-        return load_onnx_json(doc, source, **options)
+        return load_onnx_json(doc, source, **_only(options, ONNX_OPTIONS))
     if isinstance(doc, dict) and "format" in doc:
         raise InputError(source, "format", f"unknown format {doc['format']!r} (expected 'ho-graph/1')")
     raise InputError(
