@@ -22,12 +22,17 @@ def op_duration_ns(op: Op, hw: Hardware) -> int:
         seconds = op.duration_s
     else:
         seconds = max(op.flops / hw.peak_flops, op.bytes_accessed / hw.hbm_bandwidth_Bps) + hw.launch_overhead_s
-    return max(1, math.ceil(seconds * NS_PER_S))
+    return _ceil_ns(seconds)
+
+
+def _ceil_ns(seconds: float) -> int:
+    """Round up to whole ns, ignoring float noise (360 * 1e-5 s is 3600000 ns, not 3600001)."""
+    return max(1, math.ceil(round(seconds * NS_PER_S, 6)))
 
 
 def transfer_duration_ns(nbytes: int, link: Link) -> int:
     """Return latency + bytes / bandwidth for one transfer on one channel of ``link``."""
-    return max(1, math.ceil((link.latency_s + nbytes / link.bandwidth_Bps) * NS_PER_S))
+    return _ceil_ns(link.latency_s + nbytes / link.bandwidth_Bps)
 
 
 def op_durations_ns(graph: Graph, hw: Hardware) -> dict[str, int]:
