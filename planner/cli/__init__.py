@@ -250,7 +250,7 @@ def validate_cmd(schedule_path, graph_path, **graph_kw):
 
 # Subcommands that live in their own modules register themselves on ``main`` when imported here.
 # (Each module: ``from planner.cli import main`` then ``@main.command(...)``.)
-for _module in ():
+for _module in ("generate",):
     __import__(f"planner.cli.{_module}")
 
 if __name__ == "__main__":
