@@ -7,6 +7,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+import fastjsonschema
 import jsonschema
 
 from planner.errors import InputError
@@ -33,22 +34,51 @@ def _describe_path(doc: dict, path: list) -> str:
     return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".") or "document"
 
 
+@cache
+def _fast_validator():
+    return fastjsonschema.compile(schema())
+
+
+def _schema_error(doc: dict) -> tuple[list, str] | None:
+    """Return (JSON path, message) of the most relevant schema violation, or None when ``doc`` is valid.
+
+    fastjsonschema checks large graphs quickly; when it finds a problem, jsonschema re-checks just the offending
+    node or tensor (or the whole document for a top-level problem) for its clearer messages.
+    """
+    try:
+        _fast_validator()(doc)
+        return None
+    except fastjsonschema.JsonSchemaValueException as exc:
+        fast_path = list(exc.path[1:])
+    prefix: list = []
+    target, sub = doc, schema()
+    if len(fast_path) >= 2 and fast_path[0] in ("nodes", "tensors") and str(fast_path[1]).isdigit():
+        prefix = [fast_path[0], int(fast_path[1])]
+        target = doc[fast_path[0]][prefix[1]]
+        definition = "node" if fast_path[0] == "nodes" else "tensor"
+        sub = {"$ref": f"#/$defs/{definition}", "$defs": schema()["$defs"]}
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(sub).iter_errors(target))
+    if error is None:  # the two validators disagree; report what the fast one saw
+        return fast_path, "does not match the ho-graph/1 schema"
+    if error.validator == "additionalProperties":
+        msg = f"unknown field: {error.message}"
+    elif error.validator == "required":
+        msg = f"missing field: {error.message}"
+    elif error.validator == "anyOf" and prefix and prefix[0] == "tensors":
+        msg = "give either bytes, or shape and dtype"
+    else:
+        msg = error.message
+    return prefix + list(error.absolute_path), msg
+
+
 def graph_from_dict(doc: Any, source: str) -> Graph:
     """Return the Graph described by a parsed ``ho-graph/1`` document; raise InputError on the first problem."""
     if not isinstance(doc, dict):
         raise InputError(source, "document", "top level must be a JSON object")
-    validator = jsonschema.Draft202012Validator(schema())
-    error = jsonschema.exceptions.best_match(validator.iter_errors(doc))
+    error = _schema_error(doc)
     if error is not None:
-        if error.validator == "additionalProperties":
-            msg = f"unknown field: {error.message}"
-        elif error.validator == "required":
-            msg = f"missing field: {error.message}"
-        elif error.validator == "anyOf" and error.schema_path and "tensor" in str(list(error.absolute_schema_path)):
-            msg = "give either bytes, or shape and dtype"
-        else:
-            msg = error.message
-        raise InputError(source, _describe_path(doc, list(error.absolute_path)), msg)
+        path, msg = error
+        raise InputError(source, _describe_path(doc, path), msg)
     tensors = []
     for i, t in enumerate(doc["tensors"]):
         item = f"tensor {t['name']!r} (tensors[{i}])"
