@@ -35,3 +35,190 @@ def hbm_bound(graph: Graph) -> Bound:
 def compute_bound(graph: Graph, hw: Hardware) -> Bound:
     """Makespan >= total compute time: there is one compute stream."""
     return Bound("makespan_ns", sum(op_durations_ns(graph, hw).values()), "total compute time on one stream")
+
+
+# --------------------------------------------------------------------------------------------- makespan bounds
+# Every makespan bound below holds for every plan on ``hw`` (whatever the order and the offloading), except
+# ``order_transfer_bound``, which holds for plans that run the no-offload order and says so in its metric.
+
+# Ops examined by the per-op bound on large graphs (the bound holds for each op; more ops only tighten it).
+BOUND_SAMPLE = 2000
+
+
+def _rates(hw: Hardware) -> tuple[float, float]:
+    """Aggregate store (HBM -> remote) and fetch (remote -> HBM) bandwidth, bytes/s, over every channel."""
+    store = sum(ln.bandwidth_Bps * ln.channels for ln in hw.links if ln.src == "hbm")
+    fetch = sum(ln.bandwidth_Bps * ln.channels for ln in hw.links if ln.dst == "hbm")
+    return store, fetch
+
+
+def _bitsets(graph: Graph):
+    """Ancestor and descendant bitsets of every op (bit i = op index i)."""
+    import numpy as np
+
+    index = graph.op_index
+    n = len(graph.ops)
+    dag = graph.dag
+    anc = [0] * n
+    for i, op in enumerate(graph.ops):
+        a = 0
+        for p in dag.predecessors(op.name):
+            j = index[p]
+            a |= anc[j] | (1 << j)
+        anc[i] = a
+    desc = [0] * n
+    for i in range(n - 1, -1, -1):
+        d = 0
+        for s in dag.successors(graph.ops[i].name):
+            j = index[s]
+            d |= desc[j] | (1 << j)
+        desc[i] = d
+    nbytes = (n + 7) // 8
+
+    def as_array(x: int):
+        return np.unpackbits(np.frombuffer(x.to_bytes(nbytes, "little"), dtype=np.uint8), bitorder="little")[:n]
+
+    return anc, desc, as_array
+
+
+def makespan_bounds(graph: Graph, hw: Hardware) -> list[Bound]:
+    """Makespan lower bounds that hold for every plan on ``hw`` at its HBM budget (``hw.hbm_bytes``):
+
+    - total compute time (one compute stream);
+    - the first fetch of every tensor that starts on a remote tier and is read: the fetch links carry those
+      bytes, and the last fetch ends before some op runs;
+    - per op ``o``, whatever the order: the tensors that must exist while ``o`` runs (made before it by its
+      ancestors or present from the start, and still needed: read by ``o`` or a descendant, or outliving the
+      step) exceed the budget by some bytes that must be off HBM when ``o`` starts. Those with no valid remote
+      copy must have been stored first, over the store links from time 0; the tensors that start remote and are
+      read by ``o`` or its ancestors must have been fetched. So ``o`` starts no earlier than the largest of its
+      ancestors' compute, the store time and the fetch time, and the step ends no earlier than that plus ``o``'s
+      compute and its descendants'.
+    """
+    import numpy as np
+
+    from planner.hardware import HBM
+
+    durations = op_durations_ns(graph, hw)
+    out = [compute_bound(graph, hw)]
+    budget = hw.hbm_bytes
+    store_rate, fetch_rate = _rates(hw)
+    n = len(graph.ops)
+    names = list(graph.tensors)
+    tidx = {t: k for k, t in enumerate(names)}
+    size = np.array([graph.tensors[t].bytes for t in names], dtype=np.float64)
+    used = {t for op in graph.ops for t in op.reads}
+    remote = np.array([t not in graph.producer and graph.tensors[t].home != HBM for t in names])
+    read = np.array([t in used for t in names])
+    if fetch_rate > 0 and (remote & read).any():
+        first = float(size[remote & read].sum()) / fetch_rate * 1e9
+        shortest = min(durations[u] for t in names if remote[tidx[t]] and read[tidx[t]] for u in graph.users[t])
+        out.append(Bound("makespan_ns", first + shortest,
+                         "first fetch of every tensor that starts on a remote tier, then one op"))
+    if n == 0:
+        return out
+    anc, desc, as_array = _bitsets(graph)
+    dur = np.array([durations[op.name] for op in graph.ops], dtype=np.float64)
+    index = graph.op_index
+    producer = np.array([index[graph.producer[t]] if t in graph.producer else -1 for t in names])
+    persistent = np.array([graph.tensors[t].persistent for t in names])
+    user_t, user_o, upd_t, upd_o = [], [], [], []
+    for k, t in enumerate(names):
+        for u in graph.users[t]:
+            user_t.append(k)
+            user_o.append(index[u])
+    for op in graph.ops:
+        for t in op.updates:
+            upd_t.append(tidx[t])
+            upd_o.append(index[op.name])
+    user_t, user_o = np.array(user_t, dtype=np.int64), np.array(user_o, dtype=np.int64)
+    upd_t, upd_o = np.array(upd_t, dtype=np.int64), np.array(upd_o, dtype=np.int64)
+    cands = range(n)
+    if n > BOUND_SAMPLE:
+        from planner.planners.ordering import best_no_offload_order, live_bytes
+
+        order = best_no_offload_order(graph)
+        live = live_bytes(graph, order)
+        top = sorted(range(n), key=lambda k: -live[k])[: BOUND_SAMPLE // 2]
+        cands = sorted({index[order[k]] for k in top} | set(range(0, n, max(1, n // (BOUND_SAMPLE // 2)))))
+    best, best_op = 0.0, None
+    for o in cands:
+        a = as_array(anc[o]).astype(bool)
+        d = as_array(desc[o]).astype(bool)
+        d_self = d.copy()
+        d_self[o] = True
+        exists = (producer < 0) | np.where(producer >= 0, a[np.maximum(producer, 0)] | (producer == o), False)
+        later = np.zeros(len(names), dtype=bool)
+        if len(user_t):
+            later[user_t[d_self[user_o]]] = True
+        alive = exists & (persistent | later)
+        ws = np.zeros(len(names), dtype=bool)
+        op = graph.ops[o]
+        for t in set(op.reads) | set(op.outputs):
+            ws[tidx[t]] = True
+        alive_bytes = float(size[alive].sum()) + op.workspace_bytes
+        excess = alive_bytes - budget
+        store_ns = 0.0
+        if excess > 0 and store_rate > 0:
+            modified = np.zeros(len(names), dtype=bool)
+            if len(upd_t):
+                modified[upd_t[a[upd_o]]] = True
+            # Off HBM for free: tensors that start remote, unmodified before o (never fetched, or dropped).
+            free = alive & ~ws & remote & ~modified
+            excess_store = excess - float(size[free].sum())
+            store_ns = max(0.0, excess_store) / store_rate * 1e9
+        fetch_ns = 0.0
+        if fetch_rate > 0:
+            before = a.copy()
+            before[o] = True
+            need = np.zeros(len(names), dtype=bool)
+            if len(user_t):
+                need[user_t[before[user_o]]] = True
+            fetch_ns = float(size[need & remote].sum()) / fetch_rate * 1e9
+        start = max(float(dur[a].sum()), store_ns, fetch_ns)
+        value = start + float(dur[o]) + float(dur[d].sum())
+        if value > best:
+            best, best_op = value, op.name
+    if best_op is not None:
+        out.append(Bound("makespan_ns", float(best),
+                         f"op {best_op!r}: its ancestors' compute, or the stores and fetches the HBM budget forces "
+                         "before it, then its own and its descendants' compute"))
+    return out
+
+
+def makespan_bound(graph: Graph, hw: Hardware) -> Bound:
+    """The largest of ``makespan_bounds``."""
+    return max(makespan_bounds(graph, hw), key=lambda b: b.value)
+
+
+def order_transfer_bound(graph: Graph, hw: Hardware, order: list[str] | None = None) -> Bound:
+    """A makespan bound for plans that run ``order`` (default: the no-offload order), labelled as such.
+
+    At each op of the order, the bytes that started on HBM or were made there and are live beyond the budget
+    must have left HBM through a Store before the op starts (tensors that start remote are left out, which only
+    lowers the bound). The op then starts no earlier than that store time and the compute before it, and the step
+    ends no earlier than that plus the compute from it on.
+    """
+    from planner.planners.ordering import best_no_offload_order, live_bytes
+
+    order = order or best_no_offload_order(graph)
+    durations = op_durations_ns(graph, hw)
+    live = live_bytes(graph, order, remote_resident=False)
+    store_rate, _ = _rates(hw)
+    total = sum(durations[n] for n in order)
+    prefix = 0
+    best = float(total)
+    for k, name in enumerate(order):
+        excess = live[k] - hw.hbm_bytes
+        store_ns = excess / store_rate * 1e9 if excess > 0 and store_rate > 0 else 0.0
+        best = max(best, max(prefix, store_ns) + (total - prefix))
+        prefix += durations[name]
+    return Bound("makespan_ns (no-offload order)", best,
+                 "bytes live beyond the budget under the no-offload order must be stored first (for that order)")
+
+
+def gap(value: float, bound: float) -> float | None:
+    """(value - bound) / bound: how far a result may be from optimal, against a bound that holds."""
+    if bound <= 0:
+        return None
+    return (value - bound) / bound

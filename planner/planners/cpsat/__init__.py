@@ -1,0 +1,15 @@
+"""The CP-SAT planner: execution order and cache-op placement solved together under HBM capacity and link
+bandwidth. ``plan_cpsat`` is the entry point (``solve.py``); the modules are layered:
+
+- ``data.py``: the scaled problem (ticks, memory units, candidate gaps and store slots) and assignments;
+- ``hint.py``: a plan timed in ticks and mapped onto the model's variables (the hint), and a checker;
+- ``model.py``: the CP-SAT model, one function per constraint family, over a frame of free decisions;
+- ``decode.py``: an assignment turned into a program the executor reproduces;
+- ``worker.py``: solves under a wall-clock limit that holds (a child process killed at its deadline);
+- ``lns.py``: the large-neighbourhood search over windows of the schedule, for large graphs;
+- ``solve.py``: the entry point, fallbacks and the Result record in ``Plan.stats["cpsat"]``.
+"""
+
+from planner.planners.cpsat.solve import plan_cpsat
+
+__all__ = ["plan_cpsat"]

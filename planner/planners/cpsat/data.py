@@ -1,0 +1,459 @@
+"""The problem CP-SAT sees, as plain data: integer ticks, memory units, candidate offload gaps, store slots.
+
+Everything is indexed by integers: ops by their index in ``graph.ops``, tensors by their position in
+``graph.tensors``. Times are ticks (``Scale.tick_ns`` nanoseconds each); sizes are units (``Scale.unit_bytes``
+bytes each). Durations and sizes are rounded up and the HBM capacity down, so a schedule that fits the scaled
+problem fits the real one; the executor checks every plan at full precision anyway.
+
+A tensor's users (the ops that read or update it) are listed in a *reference order* (the hint's compute
+order). A *gap* is a place in that list where the tensor may leave HBM: after its first ``n_before`` users and
+before the rest. ``n_before == 0`` is a head gap (a tensor that exists before the step: for one that starts on
+a remote tier it is the mandatory initial fetch); ``n_before == len(users)`` is an end gap (Store and Detach,
+no Prefetch: for tensors that outlive the step, or that no op uses). The partition of the users into those
+before and those after a gap is fixed; the compute order is not, and a gap only constrains the order when it
+is offloaded. A *store slot* is one version of a tensor (between two in-place writes) that offloaded gaps need
+a remote copy of: one Store serves every gap of its version.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from planner.cost import op_durations_ns, transfer_duration_ns
+from planner.graph import Graph
+from planner.hardware import HBM, Hardware
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Ticks and memory units. Durations and sizes round up; the capacity rounds down."""
+
+    tick_ns: int
+    unit_bytes: int
+
+    def ticks(self, ns: int) -> int:
+        return max(1, -(-int(ns) // self.tick_ns))
+
+    def units(self, nbytes: int) -> int:
+        return -(-int(nbytes) // self.unit_bytes)
+
+    def ns(self, ticks: int) -> int:
+        return int(ticks) * self.tick_ns
+
+
+def choose_scale(horizon_ns: int, budget_bytes: int, sizes: Sequence[int] = (), target_ticks: int = 4_000_000,
+                 target_units: int = 1 << 30) -> Scale:
+    """A scale whose horizon is about ``target_ticks`` ticks. The memory unit is the largest common divisor of
+    the sizes when that keeps the budget under ``target_units`` units (sizes are then exact), else
+    budget / target_units bytes (each size then rounds up by less than a unit)."""
+    tick = max(1, math.ceil(horizon_ns / target_ticks))
+    g = 0
+    for s in sizes:
+        g = math.gcd(g, int(s))
+    floor = max(1, budget_bytes // target_units)
+    unit = g if g >= floor else floor
+    return Scale(tick, unit)
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    index: int
+    name: str
+    dur: int  # ticks
+    dur_ns: int
+    ws: int  # workspace units
+    preds: tuple[int, ...]
+    succs: tuple[int, ...]
+    reads: tuple[int, ...]  # tensor indices
+    outputs: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TierInfo:
+    name: str
+    store_link: str
+    fetch_link: str
+    capacity_bytes: int
+    home_bytes: int  # bytes of tensors that start there (they stay there)
+
+
+@dataclass(frozen=True)
+class LinkInfo:
+    name: str
+    channels: int
+    tier: str
+    direction: str  # "store" (HBM -> tier) or "fetch" (tier -> HBM)
+
+
+@dataclass
+class Gap:
+    index: int
+    tensor: int
+    n_before: int  # users (in reference order) before the gap
+    kind: str  # "head", "mid", "end"; a head gap of a tensor that starts remote is "init" (always offloaded)
+    before: tuple[int, ...]  # ops that must end before the Detach (the maximal users before the gap)
+    after: tuple[int, ...]  # ops that must start after the Prefetch ends (the minimal users after it)
+    version: int  # in-place writes among the users before the gap
+    slot: int | None  # the store slot whose Store the gap needs (None: a valid remote copy exists)
+    tiers: tuple[str, ...]
+    fetch: dict[str, int] = field(default_factory=dict)  # tier -> prefetch ticks (empty for an end gap)
+    fetch_ns: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def has_fetch(self) -> bool:
+        return self.kind != "end"
+
+    @property
+    def mandatory(self) -> bool:
+        return self.kind == "init"
+
+
+@dataclass
+class Slot:
+    index: int
+    tensor: int
+    version: int
+    writer: int | None  # op whose end creates the version (None: it exists at time 0)
+    gaps: tuple[int, ...]
+    tiers: tuple[str, ...]
+    store: dict[str, int] = field(default_factory=dict)  # tier -> store ticks
+    store_ns: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class TensorInfo:
+    index: int
+    name: str
+    nbytes: int
+    units: int
+    persistent: bool
+    home: str  # tier it starts on ("hbm" for tensors that start on HBM or that an op produces)
+    producer: int | None
+    users: tuple[int, ...]  # reference order
+    updaters: tuple[int, ...]  # reference order
+    gaps: tuple[int, ...] = ()  # chain order (by n_before)
+    tiers: tuple[str, ...] = ()
+    modelled: bool = True  # has an HBM residency in the model
+
+    @property
+    def starts_remote(self) -> bool:
+        return self.producer is None and self.home != HBM
+
+    @property
+    def until_end(self) -> bool:
+        """Held until the end of the step unless an end gap is offloaded."""
+        return self.persistent or (self.producer is None and not self.users)
+
+
+@dataclass
+class Problem:
+    graph: Graph
+    hw: Hardware
+    scale: Scale
+    budget_bytes: int
+    capacity: int  # HBM units available to the model (budget rounded down, minus what never moves)
+    fixed_bytes: int  # bytes on HBM for the whole step that the model does not see
+    ops: list[OpInfo]
+    tensors: list[TensorInfo]
+    gaps: list[Gap]
+    slots: list[Slot]
+    tiers: dict[str, TierInfo]
+    links: dict[str, LinkInfo]
+    order: list[int]  # reference compute order
+    horizon: int  # ticks: an upper bound on the makespan
+    anc: list[int] = field(default_factory=list, repr=False)  # ancestor bitsets by op index
+
+    @property
+    def pos(self) -> list[int]:
+        out = [0] * len(self.ops)
+        for p, i in enumerate(self.order):
+            out[i] = p
+        return out
+
+    def gap_of(self, tensor: int, n_before: int) -> Gap | None:
+        for g in self.tensors[tensor].gaps:
+            if self.gaps[g].n_before == n_before:
+                return self.gaps[g]
+        return None
+
+
+def ancestor_bitsets(graph: Graph) -> list[int]:
+    """Bitset of every op's ancestors in the dependency DAG (bit i = op index i)."""
+    index = graph.op_index
+    anc = [0] * len(graph.ops)
+    dag = graph.dag
+    for i, op in enumerate(graph.ops):  # graph.ops is topological
+        a = 0
+        for p in dag.predecessors(op.name):
+            j = index[p]
+            a |= anc[j] | (1 << j)
+        anc[i] = a
+    return anc
+
+
+def usable_tiers(graph: Graph, hw: Hardware) -> tuple[str, ...]:
+    """Remote tiers worth offering, fastest first: a tier is dropped when a faster one (in bandwidth, latency
+    and channels, both ways) has room for every tensor that could go there."""
+    remote = [t for t in hw.remote_tiers]
+    if not remote:
+        return ()
+
+    def speed(t):
+        s, f = hw.store_link(t.name), hw.fetch_link(t.name)
+        return (1 / s.bandwidth_Bps + 1 / f.bandwidth_Bps, s.latency_s + f.latency_s, t.name)
+
+    remote.sort(key=speed)
+    movable = sum(t.bytes for t in graph.tensors.values() if not (t.name not in graph.producer and t.home != HBM))
+    keep = []
+    for t in remote:
+        dominated = False
+        for k in keep:
+            ks, kf, ts, tf = hw.store_link(k.name), hw.fetch_link(k.name), hw.store_link(t.name), hw.fetch_link(t.name)
+            faster = all(a.bandwidth_Bps >= b.bandwidth_Bps and a.latency_s <= b.latency_s and a.channels >= b.channels
+                         for a, b in ((ks, ts), (kf, tf)))
+            home = sum(x.bytes for x in graph.tensors.values() if x.name not in graph.producer and x.home == k.name)
+            if faster and k.capacity_bytes - home >= movable:
+                dominated = True
+        if not dominated:
+            keep.append(t)
+    return tuple(t.name for t in keep)
+
+
+def build_problem(
+    graph: Graph,
+    hw: Hardware,
+    order: Sequence[str],
+    scale: Scale,
+    horizon: int,
+    must: set[tuple[str, int]] | None = None,
+    gap_fraction: float = 0.5,
+    min_tensor_fraction: float = 1e-4,
+) -> Problem:
+    """Return the scaled problem for the compute order ``order`` (the hint's).
+
+    ``must``: (tensor, n_before) gaps to include whatever the filters say (the hint offloads them). A mid or end
+    gap is a candidate when the tensor is at least ``min_tensor_fraction`` of the budget and the compute time in
+    the gap (in the reference order) is at least ``gap_fraction`` of its Prefetch time.
+    """
+    must = must or set()
+    budget = hw.hbm_bytes
+    index = graph.op_index
+    tindex = {name: k for k, name in enumerate(graph.tensors)}
+    durations = op_durations_ns(graph, hw)
+    dag = graph.dag
+    ops: list[OpInfo] = []
+    for i, op in enumerate(graph.ops):
+        d = durations[op.name]
+        ops.append(OpInfo(
+            index=i, name=op.name, dur=scale.ticks(d), dur_ns=d, ws=scale.units(op.workspace_bytes),
+            preds=tuple(sorted(index[p] for p in dag.predecessors(op.name))),
+            succs=tuple(sorted(index[s] for s in dag.successors(op.name))),
+            reads=tuple(tindex[t] for t in op.reads), outputs=tuple(tindex[t] for t in op.outputs),
+        ))
+    ref = [index[name] for name in order]
+    pos = [0] * len(ref)
+    for p, i in enumerate(ref):
+        pos[i] = p
+    prefix_ns = [0]
+    for i in ref:
+        prefix_ns.append(prefix_ns[-1] + ops[i].dur_ns)
+    anc = ancestor_bitsets(graph)
+
+    tier_names = usable_tiers(graph, hw)
+    tiers: dict[str, TierInfo] = {}
+    links: dict[str, LinkInfo] = {}
+    for t in hw.remote_tiers:
+        s, f = hw.store_link(t.name), hw.fetch_link(t.name)
+        home = sum(x.bytes for x in graph.tensors.values() if x.name not in graph.producer and x.home == t.name)
+        tiers[t.name] = TierInfo(t.name, s.name, f.name, t.capacity_bytes, home)
+        links[s.name] = LinkInfo(s.name, s.channels, t.name, "store")
+        links[f.name] = LinkInfo(f.name, f.channels, t.name, "fetch")
+
+    min_bytes = max(1, int(budget * min_tensor_fraction))
+    tensors: list[TensorInfo] = []
+    gaps: list[Gap] = []
+    slots: list[Slot] = []
+    fixed_bytes = 0
+    for k, (name, t) in enumerate(graph.tensors.items()):
+        producer = index[graph.producer[name]] if name in graph.producer else None
+        users = tuple(sorted((index[u] for u in graph.users[name]), key=lambda i: pos[i]))
+        updaters = tuple(u for u in users if name in graph.ops[u].updates)
+        home = HBM if producer is not None else t.home
+        ti = TensorInfo(k, name, t.bytes, scale.units(t.bytes), t.persistent, home, producer, users, updaters)
+        tensors.append(ti)
+        if ti.starts_remote:
+            ti.tiers = (home,)
+            if not users:
+                ti.modelled = False
+                continue
+        else:
+            ti.tiers = tier_names
+        # Unused tensors that start on HBM stay there (the executor never frees them) unless an end gap moves them.
+        droppable = producer is None and not users and not t.persistent
+        if producer is None and home == HBM and not users and (t.bytes < min_bytes or not ti.tiers):
+            ti.modelled = False
+            fixed_bytes += t.bytes
+            continue
+        if not ti.tiers:
+            continue
+        _add_gaps(graph, hw, scale, ti, gaps, slots, ref, pos, prefix_ns, anc, tiers, must, droppable,
+                  min_bytes, gap_fraction)
+
+    capacity = (budget - fixed_bytes) // scale.unit_bytes
+    return Problem(graph, hw, scale, budget, capacity, fixed_bytes, ops, tensors, gaps, slots, tiers, links, ref,
+                   horizon, anc)
+
+
+def _add_gaps(graph, hw, scale, ti: TensorInfo, gaps, slots, ref, pos, prefix_ns, anc, tiers, must, droppable,
+              min_bytes, gap_fraction) -> None:
+    users = ti.users
+    n = len(users)
+    persistent_like = ti.persistent or droppable
+    # Maximal users of every prefix and minimal users of every suffix (reference order is topological).
+    max_before: list[tuple[int, ...]] = [()]
+    cur: list[int] = []
+    for u in users:
+        cur = [w for w in cur if not (anc[u] >> w) & 1] + [u]
+        max_before.append(tuple(cur))
+    min_after: list[tuple[int, ...]] = [()] * (n + 1)
+    cur = []
+    for j in range(n - 1, -1, -1):
+        u = users[j]
+        cur = [w for w in cur if not (anc[w] >> u) & 1] + [u]
+        min_after[j] = tuple(cur)
+    fast = ti.tiers[0]
+
+    def fetch_ns(tier: str) -> int:
+        return transfer_duration_ns(ti.nbytes, hw.fetch_link(tier))
+
+    def store_ns(tier: str) -> int:
+        return transfer_duration_ns(ti.nbytes, hw.store_link(tier))
+
+    chosen: list[tuple[int, str]] = []
+    for nb in range(n + 1):
+        forced = (ti.name, nb) in must
+        if nb == 0 and ti.starts_remote:
+            chosen.append((nb, "init"))
+            continue
+        if nb == n:
+            if persistent_like and (forced or ti.nbytes >= min_bytes):
+                last = pos[users[-1]] if users else (pos[ti.producer] if ti.producer is not None else -1)
+                if forced or last < len(ref) - 1:
+                    chosen.append((nb, "end"))
+            continue
+        if ti.nbytes < min_bytes and not forced:
+            continue
+        if nb == 0:
+            a = pos[ti.producer] if ti.producer is not None else -1
+        else:
+            a = pos[users[nb - 1]]
+        b = pos[users[nb]]
+        if b - a < 2 and not forced:
+            continue  # no op in between
+        between = prefix_ns[b] - prefix_ns[a + 1]
+        if forced or between >= gap_fraction * fetch_ns(fast):
+            chosen.append((nb, "head" if nb == 0 and ti.producer is None else "mid"))
+    if not chosen:
+        ti.gaps = ()
+        return
+    versions_slot: dict[int, int] = {}
+    ids = []
+    for nb, kind in chosen:
+        version = sum(1 for u in users[:nb] if u in ti.updaters)
+        valid_home = ti.starts_remote and version == 0
+        needs_store = not valid_home and not (droppable and kind == "end")
+        before = max_before[nb]
+        if not before and ti.producer is not None:
+            before = (ti.producer,)
+        g = Gap(len(gaps), ti.index, nb, kind, before, min_after[nb] if nb < n else (), version, None, ti.tiers)
+        if g.has_fetch:
+            g.fetch_ns = {r: fetch_ns(r) for r in ti.tiers}
+            g.fetch = {r: scale.ticks(v) for r, v in g.fetch_ns.items()}
+        if needs_store:
+            if version not in versions_slot:
+                writer = ti.producer if version == 0 else ti.updaters[version - 1]
+                s = Slot(len(slots), ti.index, version, writer, (), ti.tiers)
+                s.store_ns = {r: store_ns(r) for r in ti.tiers}
+                s.store = {r: scale.ticks(v) for r, v in s.store_ns.items()}
+                slots.append(s)
+                versions_slot[version] = s.index
+            g.slot = versions_slot[version]
+            slots[g.slot].gaps = slots[g.slot].gaps + (g.index,)
+        gaps.append(g)
+        ids.append(g.index)
+    ti.gaps = tuple(ids)
+
+
+@dataclass
+class Assignment:
+    """Values for every decision of the model, in ticks: the currency between hint, model, decode and LNS.
+
+    ``off`` maps each offloaded gap to its tier (init gaps are always offloaded); ``X``/``Y`` are every gap's
+    Detach time and Prefetch start (equal when the gap is not offloaded; ``Y`` of an offloaded end gap is the
+    horizon); ``store`` maps each slot with a Store to its tier, ``S`` every slot's Store start; ``F`` is the
+    end of the last residency of each tensor freed after its last use.
+    """
+
+    start: list[int]
+    off: dict[int, str] = field(default_factory=dict)
+    X: dict[int, int] = field(default_factory=dict)
+    Y: dict[int, int] = field(default_factory=dict)
+    store: dict[int, str] = field(default_factory=dict)
+    S: dict[int, int] = field(default_factory=dict)
+    F: dict[int, int] = field(default_factory=dict)
+    makespan: int = 0
+
+    def copy(self) -> Assignment:
+        return Assignment(list(self.start), dict(self.off), dict(self.X), dict(self.Y), dict(self.store),
+                          dict(self.S), dict(self.F), self.makespan)
+
+
+def op_end(p: Problem, a: Assignment, o: int) -> int:
+    return a.start[o] + p.ops[o].dur
+
+
+def alloc_time(p: Problem, a: Assignment, t: TensorInfo) -> int:
+    """When the tensor's first HBM residency starts."""
+    if t.producer is not None:
+        return a.start[t.producer]
+    if t.starts_remote:
+        return a.Y[t.gaps[0]]
+    return 0
+
+
+def chain(p: Problem, a: Assignment, t: TensorInfo) -> list[tuple[int, int]]:
+    """The tensor's HBM residencies in the model: [alloc, X1), [Y1, X2), ..., [Ym, end)."""
+    gaps = [g for g in t.gaps if p.gaps[g].kind != "init"]
+    cur = alloc_time(p, a, t)
+    out = []
+    for g in gaps:
+        out.append((cur, a.X[g]))
+        cur = a.Y[g]
+    end = p.horizon if t.until_end else a.F[t.index]
+    out.append((cur, end))
+    return out
+
+
+def canonical(p: Problem, a: Assignment) -> Assignment:
+    """Give every gap and slot its canonical values, in place, and return ``a``: the Detach of an offloaded gap
+    as early as its users before and its Store allow; X = Y = the end of the last user before a gap that is not
+    offloaded (0 when none); S = the writer's end for a slot with no Store; the horizon as the Y of an offloaded
+    end gap."""
+    for g in p.gaps:
+        if g.kind == "init":
+            continue
+        last = max((op_end(p, a, u) for u in g.before), default=0)
+        if g.index in a.off:
+            if g.kind == "end":
+                a.Y[g.index] = p.horizon
+            if g.slot is not None and g.slot in a.store:
+                last = max(last, a.S[g.slot] + p.slots[g.slot].store[a.store[g.slot]])
+            a.X[g.index] = last
+        else:
+            a.X[g.index] = a.Y[g.index] = last
+    for s in p.slots:
+        if s.index not in a.store:
+            a.S[s.index] = 0 if s.writer is None else op_end(p, a, s.writer)
+    return a

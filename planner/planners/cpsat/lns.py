@@ -1,0 +1,331 @@
+"""Large-neighbourhood search over windows of the schedule, for graphs too large for one model.
+
+The incumbent is a valid plan, its executed timeline and its assignment in ticks (the plan timed in ticks,
+which the decoder's waits make feasible in the scaled model). A window is a stretch of consecutive ops of the
+incumbent's compute order; its region is [start of its first op, start of the first op after it]. In the
+window model (``model.Frame``) the window's ops are free to move and reorder inside the region, and so are the
+offload decisions, Detaches, Prefetches and Stores that can change without leaving the region; everything else
+keeps its incumbent value, and enters the cumulatives clipped to the region. The window's objective is the end
+of its last op (then bytes moved): finishing the window earlier lets everything after it run earlier.
+
+A window's solution is decoded into a whole plan and run in the executor; it is accepted only when the
+executor-validated makespan improves (or stays equal with fewer bytes moved). Windows are chosen where the
+incumbent's compute stream stalls most; the search stops at the time limit, when no window with a stall is left
+untried, or when the makespan reaches the compute bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.plan import Plan
+from planner.planners.cpsat import worker
+from planner.planners.cpsat.data import Assignment, Problem, op_end
+from planner.planners.cpsat.decode import plan_from_assignment
+from planner.planners.cpsat.hint import assignment_from_plan, check, tick_times
+from planner.planners.cpsat.model import Frame, Model
+from planner.timeline import Timeline
+
+
+def timed(graph, hw, plan):
+    from planner.planners.cpsat.solve import timed as _timed
+
+    return _timed(graph, hw, plan)
+
+# Largest tensors whose gap spans a window (not offloaded there yet) that the window may newly offload.
+SPANNING_GAPS = 48
+# Wall seconds per window solve: at least MIN, else this share of the time limit.
+WINDOW_MIN_S = 1.0
+WINDOW_SHARE = 0.05
+# How many window lengths of ops after the window its transfers and memory are modelled over.
+LOOKAHEAD = 1
+# Window sizes (ops): the first is the planner's window_ops option; it grows when every stall has been tried.
+MIN_WINDOW = 20
+MAX_WINDOW = 400
+# Deterministic mode: deterministic seconds per wall second of the limit, overall and per window.
+DET_PER_WALL_LNS = 0.2
+DET_PER_WALL_WINDOW = 0.2
+
+
+@dataclass
+class Incumbent:
+    plan: Plan
+    timeline: Timeline
+    asg: Assignment
+    version: int = 0
+
+    @property
+    def makespan(self) -> int:
+        return self.timeline.metrics.makespan_ns
+
+    @property
+    def moved(self) -> int:
+        return sum(self.timeline.metrics.bytes_moved.values())
+
+
+def incumbent_from_plan(p: Problem, plan: Plan, tl: Timeline | None = None) -> Incumbent:
+    tl = tl if tl is not None else timed(p.graph, p.hw, plan)
+    asg, _notes = assignment_from_plan(p, plan, tick_times(p, plan))
+    return Incumbent(plan, tl, asg)
+
+
+def improve(run, p: Problem, asg: Assignment, base: Plan, base_tl: Timeline, objective: str, limit_ticks,
+            window_ops: int, log: bool):
+    """Improve the starting plan window by window; return the best (plan, timeline) or None."""
+    # The incumbent: the starting plan's assignment decoded, so that its timing in ticks is model-feasible.
+    start_plan = plan_from_assignment(p, asg)
+    start_tl = timed(p.graph, p.hw, start_plan)
+    base_free = timed(p.graph, p.hw, base)
+    if start_tl.valid and (start_tl.metrics.makespan_ns <= base_free.metrics.makespan_ns or not base_free.valid):
+        inc = incumbent_from_plan(p, start_plan, start_tl)
+    else:
+        inc = incumbent_from_plan(p, base, base_free)
+    problems = check(p, inc.asg)
+    run.stats["model"] = "lns"
+    run.stats["incumbent_feasible"] = not problems
+    if problems:
+        run.notes.append(f"the starting incumbent is not feasible in the scaled model ({problems[0]})")
+    compute = sum(o.dur_ns for o in p.ops)
+    n = len(p.ops)
+    w = max(MIN_WINDOW, min(window_ops, n))
+    tried: set[tuple[int, int, int]] = set()
+    stats = {"windows": 0, "accepted": 0, "improved_in_model": 0, "infeasible": 0, "no_solution": 0,
+             "window_ops": [w]}
+    run.report(phase="lns", incumbent_us=inc.makespan / 1000, bound_us=compute / 1000, windows=0, accepted=0)
+    history = [(inc.plan, inc.timeline)]
+    det_budget = run.time_limit * DET_PER_WALL_LNS if run.deterministic else None
+    while True:
+        if inc.makespan <= compute:
+            run.notes.append("the makespan reached the compute bound: optimal")
+            break
+        left = run.left()
+        if left < 0.5:
+            break
+        if det_budget is not None and run.det_used >= det_budget:
+            break
+        window = next_window(p, inc, w, tried)
+        if window is None:
+            if w >= min(n, MAX_WINDOW):
+                break
+            w = min(n, MAX_WINDOW, int(w * 1.6))  # every stall tried at this size: try larger windows
+            stats["window_ops"].append(w)
+            continue
+        i, j = window
+        tried.add((i, j, inc.version))
+        stats["windows"] += 1
+        frame = window_frame(p, inc, i, j)
+        m = Model(p, frame, objective=objective, makespan_limit=None)
+        m.add_hints()
+        nominal = max(WINDOW_MIN_S, WINDOW_SHARE * run.time_limit)
+        det = None
+        if det_budget is not None:
+            det = min(nominal * DET_PER_WALL_WINDOW, det_budget - run.det_used)
+            nominal *= 1.5  # the wall-clock limit is only a safety net here
+        wall = min(left, nominal)
+        params = run.params(wall, det_s=det, log=log)
+        params["keep_all_feasible_solutions_in_presolve"] = True
+        res = worker.solve(m.m, params, wall)
+        run.det_used += res.deterministic_time
+        run.notes.extend(x for x in res.notes if x not in run.notes)
+        if not res.has_solution:
+            stats["infeasible" if res.status == "INFEASIBLE" else "no_solution"] += 1
+            continue
+        if res.objective >= _objective_of_hint(m):
+            continue
+        stats["improved_in_model"] += 1
+        sol = m.read(res.values)
+        plan = plan_from_assignment(p, sol)
+        tl = timed(p.graph, p.hw, plan)
+        if not tl.valid:
+            stats["invalid"] = stats.get("invalid", 0) + 1
+            continue
+        if (tl.metrics.makespan_ns, sum(tl.metrics.bytes_moved.values())) < (inc.makespan, inc.moved):
+            version = inc.version + 1
+            inc = incumbent_from_plan(p, plan, tl)
+            inc.version = version
+            history.append((plan, tl))
+            stats["accepted"] += 1
+            run.report(phase="lns", incumbent_us=inc.makespan / 1000, bound_us=compute / 1000,
+                       windows=stats["windows"], accepted=stats["accepted"])
+    run.stats["lns"] = stats
+    run.stats["windows_accepted"] = stats["accepted"]
+    run.stats["status"] = "LNS"
+    from planner.planners.cpsat.solve import place_hbm
+
+    history.sort(key=lambda c: (c[1].metrics.makespan_ns, sum(c[1].metrics.bytes_moved.values())))
+    return place_hbm(run, p, history[:8])
+
+
+def _objective_of_hint(m: Model) -> float:
+    """The window objective of the incumbent (to tell whether the solver improved on it)."""
+    vals = {v.index: val for v, val in m.hints}
+    obj = m.m.proto.objective
+    total = obj.offset
+    for var, coef in zip(obj.vars, obj.coeffs):
+        total += coef * vals.get(var, 0)
+    return total * (obj.scaling_factor or 1)
+
+
+def next_window(p: Problem, inc: Incumbent, w: int, tried) -> tuple[int, int] | None:
+    """The untried window of ``w`` ops that ends just after the largest compute stall of the incumbent.
+
+    A stall is fixed by what comes before it (a Prefetch started earlier, room made for it), so the window takes
+    most of its ops before the stalled op. The final window also covers transfers that end after the last op.
+    """
+    a = inc.asg
+    n = len(p.ops)
+    order = sorted(range(n), key=lambda o: a.start[o])
+    stalls = []
+    prev_end = 0
+    for k, o in enumerate(order):
+        idle = a.start[o] - prev_end
+        if idle > 0:
+            stalls.append((-idle, k))
+        prev_end = op_end(p, a, o)
+    if a.makespan > prev_end:
+        stalls.append((-(a.makespan - prev_end), n))
+    stalls.sort()
+    for _idle, k in stalls:
+        j = min(n, k + max(1, w // 5))
+        i = max(0, j - w)
+        j = min(n, i + w)
+        if (i, j, inc.version) not in tried:
+            return i, j
+    return None
+
+
+def window_frame(p: Problem, inc: Incumbent, i: int, j: int) -> Frame:
+    """The frame of the window of ops at positions [i, j) of the incumbent's compute order."""
+    a = inc.asg
+    n = len(p.ops)
+    order = sorted(range(n), key=lambda o: a.start[o])
+    posn = [0] * n
+    for k, o in enumerate(order):
+        posn[o] = k
+    lo = a.start[order[i]]
+    ops_hi = a.start[order[j]] if j < n else p.horizon
+    # Transfers and memory are modelled past the window's ops, over the next ``lookahead`` ops, so that the
+    # window can offload a tensor whose Prefetch comes after it.
+    k = min(n, j + (j - i) * LOOKAHEAD)
+    hi = a.start[order[k]] if k < n else p.horizon
+    ops = set(order[i:j])
+    f = Frame(lo=lo, hi=hi, inc=a, ops=ops, whole=False, final=j >= n, ops_hi=ops_hi)
+
+    def in_window(o):
+        return i <= posn[o] < j
+
+    def before_end(o):  # in the prefix or the window
+        return posn[o] < j
+
+    def after_start(o):  # in the window or the suffix
+        return posn[o] >= i
+
+    def inside(t0, t1):
+        return lo <= t0 and t1 <= hi
+
+    cand: set[int] = set()
+    touched = set()
+    for o in ops:
+        touched.update(p.ops[o].reads)
+        touched.update(p.ops[o].outputs)
+    for t in touched:
+        cand.update(p.tensors[t].gaps)
+    # Offloaded gaps whose transfers fall in the region.
+    for g in a.off:
+        gap = p.gaps[g]
+        if gap.has_fetch and lo <= a.Y[g] < hi:
+            cand.add(g)
+        if gap.kind != "init" and lo <= a.X[g] < hi:
+            cand.add(g)
+    for s in a.store:
+        if lo <= a.S[s] < hi:
+            cand.update(p.slots[s].gaps)
+    # Large tensors kept on HBM across the whole region: the window may offload them.
+    spanning = []
+    for gap in p.gaps:
+        if gap.index in cand or gap.index in a.off or gap.kind == "init":
+            continue
+        t = p.tensors[gap.tensor]
+        bef = list(gap.before) or ([t.producer] if t.producer is not None else [])
+        if all(posn[u] < i for u in bef) and gap.after and all(posn[u] >= j for u in gap.after):
+            spanning.append((-t.nbytes, gap.index))
+    spanning.sort()
+    cand.update(g for _b, g in spanning[:SPANNING_GAPS])
+
+    for g in sorted(cand):
+        gap = p.gaps[g]
+        t = p.tensors[gap.tensor]
+        users = t.users
+        bset = list(users[:gap.n_before]) + ([t.producer] if t.producer is not None else [])
+        aset = users[gap.n_before:]
+        if not all(before_end(u) for u in bset) or not all(after_start(u) for u in aset):
+            continue
+        on = g in a.off
+        tier = a.off.get(g)
+        fetch_ok = not gap.has_fetch or (on and inside(a.Y[g], a.Y[g] + gap.fetch[tier]))
+        slot_ok = gap.slot is None or _slot_movable(p, a, gap.slot, lo, hi, before_end)
+        if gap.kind == "init":
+            if fetch_ok and inside(a.Y[g], a.Y[g] + gap.fetch[tier]):
+                f.gaps_y.add(g)
+            continue
+        # The decision can change only if every transfer it adds or removes fits in the region.
+        if (not on and slot_ok) or (on and fetch_ok and slot_ok):
+            f.gaps_b.add(g)
+            f.gaps_x.add(g)
+            f.gaps_y.add(g)
+            if gap.slot is not None:
+                f.slots_q.add(gap.slot)
+                f.slots_s.add(gap.slot)
+        else:
+            if on and fetch_ok and gap.has_fetch:
+                f.gaps_y.add(g)
+            if any(in_window(u) for u in gap.before):
+                f.gaps_x.add(g)
+                if not on:
+                    f.gaps_y.add(g)  # X = Y = the end of a window op
+            if gap.slot is not None and on and _slot_movable(p, a, gap.slot, lo, hi, before_end) \
+                    and gap.slot in a.store:
+                f.slots_s.add(gap.slot)
+                f.gaps_x.add(g)
+    # A slot's presence is free only if no fixed offloaded gap needs its Store.
+    for s in list(f.slots_q):
+        for g in p.slots[s].gaps:
+            if g in a.off and g not in f.gaps_b:
+                f.slots_q.discard(s)
+    # Gaps whose Detach depends on a Store that moves.
+    for s in sorted(f.slots_s):
+        for g in p.slots[s].gaps:
+            if g in a.off and g not in f.gaps_x:
+                if lo <= a.X[g] <= hi or g in f.gaps_b:
+                    f.gaps_x.add(g)
+                else:
+                    f.slots_s.discard(s)
+                    f.slots_q.discard(s)
+                    break
+    # Ends of tensors freed after their last use: free when a user is in the window and none after it.
+    for t in touched:
+        ti = p.tensors[t]
+        if not ti.modelled or ti.until_end:
+            continue
+        us = list(ti.users) + ([ti.producer] if ti.producer is not None else [])
+        if any(in_window(u) for u in us) and all(before_end(u) for u in us):
+            f.tensors_f.add(t)
+    # Tier choice: free for tensors with several tiers and no fixed offload.
+    for t in touched | {p.gaps[g].tensor for g in f.gaps_b}:
+        ti = p.tensors[t]
+        if len(ti.tiers) > 1 and all(g in f.gaps_b or g not in a.off for g in ti.gaps):
+            f.tensors_z.add(t)
+    return f
+
+
+def _slot_movable(p: Problem, a: Assignment, s: int, lo: int, hi: int, before_end) -> bool:
+    """A slot's Store can be added, removed or moved inside the region."""
+    sl = p.slots[s]
+    if sl.writer is not None and not before_end(sl.writer):
+        return False
+    if s in a.store:
+        return lo <= a.S[s] and a.S[s] + sl.store[a.store[s]] <= hi
+    return True
+
+
+__all__ = ["improve", "window_frame", "Incumbent"]

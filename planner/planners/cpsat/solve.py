@@ -1,0 +1,419 @@
+"""``plan_cpsat``: the CP-SAT planner's entry point.
+
+1. A starting plan: the greedy planner (at its best sweep setting when the sweep fits in the time budget), or
+   the reactive or no-offload plan when they are better or greedy is missing. It is the hint and the fallback:
+   cpsat never returns a plan slower than it.
+2. The scaled problem (``data.py``) in the starting plan's compute order, and a complete hint from the starting
+   plan timed in ticks (``hint.py``).
+3. Graphs of up to ``whole_max_ops`` ops: the whole model (``model.py``) solved with the hint. Larger graphs:
+   the large-neighbourhood search (``lns.py``): windows of a few hundred ops with everything else fixed.
+4. The best solution decoded (``decode.py``) and checked by the executor; static HBM offsets as greedy assigns
+   them. Anything that fails falls back to the starting plan with a note saying why.
+
+The wall-clock limit is enforced here (each solve runs in a child process that is killed at its deadline; see
+``worker.py``). With ``workers=1`` the run is deterministic: CP-SAT gets a fixed seed and a deterministic time
+limit (``max_deterministic_time``) instead of a wall-clock one, and the LNS budget is counted in deterministic
+time, so the same input gives the same schedule, byte for byte, as long as the wall-clock limit is not hit
+first (the plan then says so in its notes).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from planner.executor import simulate
+from planner.graph import Graph
+from planner.hardware import HBM, Hardware
+from planner.plan import Plan
+from planner.planners.cpsat import worker
+from planner.planners.cpsat.data import Assignment, Problem, build_problem, choose_scale
+from planner.planners.cpsat.decode import plan_from_assignment
+from planner.planners.cpsat.hint import assignment_from_plan, check, offload_cycles, tick_times
+from planner.planners.cpsat.model import Model, whole_frame
+from planner.timeline import Timeline
+
+# Seconds of deterministic time CP-SAT gets per second of wall-clock limit in deterministic mode. Measured on
+# the development machine (2 cores): one deterministic second took 3.3 to 4.2 wall seconds on the transformer
+# block's whole model with one interleaved worker, so 0.2 leaves a margin before the wall-clock limit.
+DET_PER_WALL = 0.2
+# Wall seconds of one greedy run per op (measured: 0.6 to 0.7 ms per op on the workloads in graphs/).
+SWEEP_S_PER_OP = 7e-4
+# Share of the limit kept for decoding, checking and writing the plan.
+RESERVE = 0.08
+
+Progress = Callable[[dict], None]
+
+
+@dataclass
+class Run:
+    """What one cpsat run knows: limits, clock, progress sink, notes and stats."""
+
+    graph: Graph
+    hw: Hardware
+    time_limit: float
+    seed: int
+    workers: int
+    deterministic: bool
+    progress: Progress | None
+    t0: float = field(default_factory=time.monotonic)
+    notes: list[str] = field(default_factory=list)
+    stats: dict = field(default_factory=dict)
+    det_used: float = 0.0
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    @property
+    def deadline(self) -> float:
+        return self.t0 + self.time_limit * (1 - RESERVE)
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def report(self, **kw) -> None:
+        if self.progress is not None:
+            kw.setdefault("elapsed_s", round(self.elapsed, 3))
+            kw.setdefault("time_limit_s", self.time_limit)
+            try:
+                self.progress(kw)
+            except Exception:  # noqa: BLE001 - a display must never break planning
+                pass
+
+    def params(self, wall_s: float, det_s: float | None = None, log: bool = False) -> dict:
+        """SatParameters for one solve of at most ``wall_s`` seconds."""
+        p = {"random_seed": int(self.seed), "num_workers": int(self.workers), "max_time_in_seconds": wall_s}
+        if self.deterministic:
+            # One worker that interleaves the portfolio's subsolvers (LNS included) is deterministic and far
+            # stronger than plain tree search on these models.
+            p["num_workers"] = 1
+            p["interleave_search"] = True
+            p["max_deterministic_time"] = det_s if det_s is not None else wall_s * DET_PER_WALL
+            # The wall-clock limit stays as a safety net, well above the deterministic one.
+            p["max_time_in_seconds"] = wall_s
+        if log:
+            p["log_search_progress"] = True
+            p["log_to_stdout"] = False
+            p["log_to_response"] = True
+        return p
+
+
+def plan_cpsat(
+    graph: Graph,
+    hw: Hardware,
+    time_limit: float = 60.0,
+    seed: int = 0,
+    workers: int = 2,
+    objective: str = "makespan",
+    makespan_limit_us: float | None = None,
+    whole_max_ops: int = 500,
+    window_ops: int = 80,
+    start: str = "auto",
+    log: bool = False,
+    progress: Progress | None = None,
+) -> Plan:
+    """Plan with CP-SAT within ``time_limit`` seconds of wall-clock time (see the module doc).
+
+    ``objective``: ``makespan`` (ties broken by bytes moved) or ``peak`` (lowest HBM peak whose makespan is at
+    most ``makespan_limit_us``, default the starting plan's). ``workers=1`` makes the run deterministic.
+    ``start``: the starting plan (``auto``: the best of greedy, reactive and no offload). ``progress`` receives
+    dicts (phase, elapsed_s, incumbent_us, bound_us, ...) while solving; the planner itself prints nothing.
+    """
+    if objective not in ("makespan", "peak"):
+        raise ValueError(f"objective must be 'makespan' or 'peak', not {objective!r}")
+    time_limit = float(time_limit)
+    run = Run(graph, hw, time_limit, int(seed), max(1, int(workers)), int(workers) <= 1, progress)
+    options = {"time_limit": time_limit, "seed": int(seed), "workers": run.workers, "objective": objective,
+               "whole_max_ops": whole_max_ops, "window_ops": window_ops}
+    if makespan_limit_us is not None:
+        options["makespan_limit_us"] = makespan_limit_us
+    run.report(phase="start plan")
+    base, base_tl = starting_plan(run, start)
+    run.stats["start_planner"] = base.planner
+    run.stats["start_makespan_us"] = base_tl.metrics.makespan_ns / 1000
+    best_plan, best_tl = base, base_tl
+    try:
+        result = _optimise(run, base, base_tl, objective, makespan_limit_us, whole_max_ops, window_ops, log)
+    except Exception as exc:  # noqa: BLE001 - any failure falls back to the starting plan
+        result = None
+        run.notes.append(f"cpsat failed ({type(exc).__name__}: {exc}); returning the {base.planner} plan")
+    if result is not None:
+        plan, tl = result
+        if _better(tl, best_tl, objective):
+            best_plan, best_tl = plan, tl
+        elif tl.valid:
+            run.notes.append(f"cpsat found nothing better than its starting plan ({base.planner}); it returns that")
+    run.stats["runtime_s"] = round(run.elapsed, 3)
+    run.stats["makespan_us"] = best_tl.metrics.makespan_ns / 1000
+    run.stats["peak_hbm_bytes"] = best_tl.metrics.peak_bytes[HBM]
+    _bounds(run, best_tl, objective)
+    run.report(phase="done", incumbent_us=best_tl.metrics.makespan_ns / 1000)
+    notes = list(best_plan.notes) if best_plan is not base else list(base.notes)
+    notes += run.notes
+    status = best_plan.status if best_tl.valid else "infeasible"
+    return replace(best_plan, planner="cpsat", options=options, notes=tuple(dict.fromkeys(notes)),
+                   stats={"cpsat": run.stats, **({"start": base.stats} if base.stats else {})}, status=status)
+
+
+def _bounds(run: Run, tl: Timeline, objective: str) -> None:
+    """Gaps against lower bounds that hold ("vs bound"), and against the model's own bound when it was whole."""
+    from planner import bounds
+
+    st = run.stats
+    if objective == "peak":
+        b = bounds.hbm_bound(run.graph)
+        st.update(bound_bytes=b.value, bound_reason=b.reason,
+                  gap_vs_bound=bounds.gap(tl.metrics.peak_bytes[HBM], b.value))
+        return
+    try:
+        b = bounds.makespan_bound(run.graph, run.hw)
+    except Exception:  # noqa: BLE001 - a bound that fails falls back to the compute bound
+        b = bounds.compute_bound(run.graph, run.hw)
+    ms = tl.metrics.makespan_ns
+    st.update(bound_us=b.value / 1000, bound_reason=b.reason, gap_vs_bound=bounds.gap(ms, b.value))
+    if st.get("model") == "whole" and st.get("model_bound_us"):
+        # CP-SAT's bound is on the scaled model (durations rounded up to ticks, sizes up to units, the candidate
+        # gaps only): a bound for that model, not for every plan.
+        st["gap_vs_model_bound"] = bounds.gap(ms / 1000, st["model_bound_us"])
+
+
+def timed(graph: Graph, hw: Hardware, plan: Plan) -> Timeline:
+    """The executor's timeline without the allocator model (HBM placement is decided after the search)."""
+    try:
+        return simulate(graph, hw, plan, allocator=False)
+    except TypeError:  # an executor without an allocator model
+        return simulate(graph, hw, plan)
+
+
+def _better(tl: Timeline, ref: Timeline, objective: str) -> bool:
+    if not tl.valid:
+        return False
+    if not ref.valid:
+        return True
+    a, b = tl.metrics, ref.metrics
+    if objective == "peak":
+        return (a.peak_bytes[HBM], a.makespan_ns) < (b.peak_bytes[HBM], b.makespan_ns)
+    return (a.makespan_ns, sum(a.bytes_moved.values())) < (b.makespan_ns, sum(b.bytes_moved.values()))
+
+
+def starting_plan(run: Run, start: str = "auto") -> tuple[Plan, Timeline]:
+    """The best valid plan among greedy (swept when affordable), reactive and no offload."""
+    from planner.planners import PLANNERS
+
+    g, hw = run.graph, run.hw
+    cands: list[tuple[Plan, Timeline]] = []
+
+    def add(plan: Plan) -> None:
+        cands.append((plan, simulate(g, hw, plan)))
+
+    names = ["greedy", "reactive", "none"] if start == "auto" else [start]
+    for name in names:
+        fn = PLANNERS.get(name)
+        if fn is None:
+            continue
+        t = time.monotonic()
+        try:
+            add(fn(g, hw))
+        except Exception as exc:  # noqa: BLE001
+            run.notes.append(f"starting planner {name} failed: {exc}")
+            continue
+        if name == "greedy" and "greedy-sweep" in PLANNERS:
+            npoints = _sweep_points()
+            # Deterministic runs estimate the sweep from the op count, others from the time one greedy run took.
+            single = len(g.ops) * SWEEP_S_PER_OP if run.deterministic else time.monotonic() - t
+            if single * npoints * 0.7 <= 0.25 * run.time_limit:
+                try:
+                    add(PLANNERS["greedy-sweep"](g, hw))
+                except Exception as exc:  # noqa: BLE001
+                    run.notes.append(f"greedy sweep failed: {exc}")
+            else:
+                run.notes.append(
+                    f"greedy at its default settings only: its sweep ({npoints} points, about "
+                    f"{single * npoints * 0.7:.0f} s) does not fit in the time limit")
+    valid = [c for c in cands if c[1].valid]
+    pool = valid or cands
+    if not pool:
+        raise RuntimeError("no starting plan")
+    best = min(pool, key=lambda c: (c[1].metrics.makespan_ns, c[1].metrics.peak_bytes[HBM]))
+    run.stats["start_candidates"] = {c[0].planner: c[1].metrics.makespan_ns / 1000 for c in cands if c[1].valid}
+    return best
+
+
+def _sweep_points() -> int:
+    try:
+        from planner.planners.greedy_sweep import grid_points
+
+        return len(grid_points())
+    except Exception:  # noqa: BLE001
+        return 50
+
+
+def prepare(run: Run, base: Plan, base_tl: Timeline, target_ticks: int = 4_000_000) -> tuple[Problem, Assignment]:
+    """The scaled problem in the starting plan's order, and the hint from the starting plan."""
+    g, hw = run.graph, run.hw
+    sizes = [t.bytes for t in g.tensors.values()] + [op.workspace_bytes for op in g.ops if op.workspace_bytes]
+    scale = choose_scale(max(1, base_tl.metrics.makespan_ns), hw.hbm_bytes, sizes, target_ticks)
+    ns_times = [(t.start_ns, t.end_ns) for t in base_tl.steps]
+    must = set(offload_cycles(g, base, ns_times))
+    order = base.compute_order()
+    p = build_problem(g, hw, order, scale, horizon=1, must=must)
+    ticks = tick_times(p, base)
+    p.horizon = max(e for _s, e in ticks) if ticks else 1
+    asg, notes = assignment_from_plan(p, base, ticks)
+    run.notes.extend(notes[:3])
+    return p, asg
+
+
+def _optimise(run: Run, base: Plan, base_tl: Timeline, objective: str, makespan_limit_us, whole_max_ops: int,
+              window_ops: int, log: bool) -> tuple[Plan, Timeline] | None:
+    if not base_tl.valid:
+        run.notes.append(f"the starting plan ({base.planner}) is not valid; cpsat has no hint")
+    run.report(phase="model")
+    p, asg = prepare(run, base, base_tl)
+    problems = check(p, asg)
+    run.stats.update(ops=len(p.ops), gaps=len(p.gaps), slots=len(p.slots), tick_ns=p.scale.tick_ns,
+                     unit_bytes=p.scale.unit_bytes, horizon_ticks=p.horizon, hint_feasible=not problems)
+    if problems:
+        run.notes.append(f"the hint is not feasible in the scaled model ({problems[0]}; {len(problems)} in all)")
+    limit_ticks = None
+    if objective == "peak":
+        ms = makespan_limit_us * 1000 if makespan_limit_us is not None else base_tl.metrics.makespan_ns
+        limit_ticks = max(asg.makespan, -(-int(ms) // p.scale.tick_ns)) if makespan_limit_us is None \
+            else int(ms // p.scale.tick_ns)
+    if len(p.ops) <= whole_max_ops:
+        return _whole(run, p, asg, objective, limit_ticks, log)
+    from planner.planners.cpsat.lns import improve
+
+    return improve(run, p, asg, base, base_tl, objective, limit_ticks, window_ops, log)
+
+
+def op_windows(p: Problem, horizon: int) -> tuple[dict[int, int], dict[int, int]]:
+    """Earliest and latest start of every op: all its ancestors run before it and all its descendants after
+    it, on the one compute stream."""
+    n = len(p.ops)
+    dur = [o.dur for o in p.ops]
+    before = [0] * n
+    after = [0] * n
+    for i in range(n):
+        a = p.anc[i]
+        tot = 0
+        j = 0
+        while a:
+            if a & 1:
+                tot += dur[j]
+                after[j] += dur[i]
+            a >>= 1
+            j += 1
+        before[i] = tot
+    lo = {i: before[i] for i in range(n)}
+    hi = {i: horizon - dur[i] - after[i] for i in range(n)}
+    return lo, hi
+
+
+def _whole(run: Run, p: Problem, asg: Assignment, objective: str, limit_ticks, log: bool):
+    lo, hi = op_windows(p, p.horizon) if len(p.ops) <= 3000 else ({}, {})
+    frame = whole_frame(p, asg, lo, hi)
+    t = time.monotonic()
+    m = Model(p, frame, objective=objective, makespan_limit=limit_ticks)
+    m.add_hints()
+    run.stats["build_s"] = round(time.monotonic() - t, 3)
+    run.stats["variables"] = len(m.m.proto.variables)
+    run.stats["constraints"] = len(m.m.proto.constraints)
+    wall = run.left()
+    if wall <= 0.2:
+        run.notes.append("no time left for CP-SAT after building the model")
+        return None
+    # Deterministic mode: a deterministic budget that depends on the limit only, never on the clock.
+    det = DET_PER_WALL * run.time_limit * (1 - RESERVE - 0.1) if run.deterministic else None
+    params = run.params(wall, det_s=det, log=log)
+    params["keep_all_feasible_solutions_in_presolve"] = True
+
+    def on_progress(kind, elapsed, obj, bound):
+        run.report(phase="solve", incumbent_us=_us(p, m, obj), bound_us=_us(p, m, bound))
+
+    res = worker.solve(m.m, params, wall, on_progress)
+    run.det_used += res.deterministic_time
+    run.stats.update(status=res.status, solver_wall_s=round(res.wall_s, 3),
+                     deterministic_time=round(res.deterministic_time, 3), solutions=res.solutions, model="whole")
+    if log:
+        run.stats["log"] = res.log
+    run.notes.extend(res.notes)
+    if res.killed and run.deterministic:
+        run.notes.append("the wall-clock limit stopped the solver first: this run may not be reproducible")
+    if res.bound is not None:
+        run.stats["model_bound_ticks"] = res.bound
+        run.stats["model_bound_us"] = _us(p, m, res.bound)
+    if not res.has_solution:
+        run.notes.append(f"CP-SAT returned no solution (status {res.status})")
+        return None
+    run.stats["objective_ticks"] = res.objective
+    run.stats["objective_us"] = _us(p, m, res.objective)
+    run.stats["optimal"] = res.status == "OPTIMAL"
+    sols = [m.read(res.values)] + [m.read(v) for _obj, v in reversed(res.history) if v is not res.values]
+    return finish(run, p, sols)
+
+
+def _us(p: Problem, m: Model, value) -> float | None:
+    if value is None:
+        return None
+    if m.objective == "peak":
+        return None
+    return m.objective_to_makespan(value) * p.scale.tick_ns / 1000
+
+
+def finish(run: Run, p: Problem, sols: list[Assignment]) -> tuple[Plan, Timeline] | None:
+    """Decode the solutions (best first), check them with the executor, and place HBM statically.
+
+    Static offsets (best fit, as greedy assigns them) can need more address space than the peak: the first
+    solution whose offsets fit the budget wins unless the best one, left to the caching allocator (whose
+    defragmentations cost time), is still faster. None when no decoded plan is valid.
+    """
+    decoded: list[tuple[Plan, Timeline]] = []
+    for sol in sols:
+        plan = plan_from_assignment(p, sol)
+        tl = timed(p.graph, p.hw, plan)
+        if tl.valid:
+            decoded.append((plan, tl))
+        elif not decoded:
+            shown = "; ".join(v.describe() for v in tl.violations[:2])
+            run.notes.append(f"a decoded plan is not valid ({shown})")
+    if not decoded:
+        return None
+    decoded.sort(key=lambda c: (c[1].metrics.makespan_ns, sum(c[1].metrics.bytes_moved.values())))
+    return place_hbm(run, p, decoded)
+
+
+def place_hbm(run: Run, p: Problem, cands: list[tuple[Plan, Timeline]]) -> tuple[Plan, Timeline]:
+    """The fastest of: the first candidate (best first) whose static offsets fit the budget, and the best
+    candidate with the caching allocator. Timelines are the executor's full ones."""
+    best_plan, _ = cands[0]
+    caching = (best_plan, simulate(p.graph, p.hw, best_plan))
+    try:
+        from planner.offsets import assign_offsets, offsets_height
+    except ImportError:
+        return caching
+    deadline = time.monotonic() + max(0.5, 0.5 * run.left())
+    for k, (plan, tl) in enumerate(cands):
+        if k and time.monotonic() > deadline:
+            break
+        offs = assign_offsets(tl.residencies)
+        height = offsets_height(tl.residencies, offs)
+        if height <= p.hw.hbm_bytes:
+            static = replace(plan, offsets=offs)
+            static_tl = simulate(p.graph, p.hw, static)
+            if static_tl.valid and (static_tl.metrics.makespan_ns <= caching[1].metrics.makespan_ns
+                                    or not caching[1].valid):
+                run.stats["offset_height_bytes"] = height
+                if k:
+                    run.notes.append("the best solution's static HBM offsets did not fit the budget; a slightly "
+                                     "slower solution's did")
+                return static, static_tl
+            break
+    run.notes.append("static offsets did not fit the HBM budget; HBM placement is left to the caching allocator")
+    return caching
+
+
+def with_offsets(run: Run, p: Problem, plan: Plan, tl: Timeline) -> tuple[Plan, Timeline]:
+    return place_hbm(run, p, [(plan, tl)])
