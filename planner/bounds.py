@@ -37,6 +37,29 @@ def compute_bound(graph: Graph, hw: Hardware) -> Bound:
     return Bound("makespan_ns", sum(op_durations_ns(graph, hw).values()), "total compute time on one stream")
 
 
+def initial_hbm_bytes(graph: Graph) -> int:
+    """Bytes that start on HBM and are still needed (used by an op, or outliving the step).
+
+    The executor holds them from time 0, and none can leave at time 0 (a Detach needs a valid remote copy first,
+    and a Store takes time), so no plan can run with less HBM than this either. Tensors that start on HBM and
+    are never needed can be dropped at once and do not count.
+    """
+    used = {t for op in graph.ops for t in op.reads}
+    return sum(
+        t.bytes for name, t in graph.tensors.items()
+        if name not in graph.producer and t.home == "hbm" and (t.persistent or name in used)
+    )
+
+
+def hbm_floor(graph: Graph) -> tuple[int, str]:
+    """The larger of the two HBM lower bounds, with the reason: (bytes, reason)."""
+    ws, op = largest_working_set(graph)
+    init = initial_hbm_bytes(graph)
+    if init > ws:
+        return init, "bytes that start on HBM and are still needed"
+    return ws, f"largest single-op working set (op {op!r})"
+
+
 # --------------------------------------------------------------------------------------------- makespan bounds
 # Every makespan bound below holds for every plan on ``hw`` (whatever the order and the offloading), except
 # ``order_transfer_bound``, which holds for plans that run the no-offload order and says so in its metric.

@@ -19,8 +19,10 @@ At equal times, ends come before frees and frees before starts.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from operator import attrgetter
 
+from planner.allocator import ALLOC, FREE, AllocatorReport, AllocRecord, check_offsets, replay_caching
 from planner.cost import op_durations_ns, transfer_duration_ns
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
@@ -31,11 +33,18 @@ from planner.timeline import Metrics, Residency, StepTiming, Timeline, Violation
 _OP_END, _STORE_END, _PREFETCH_END, _FREE, _START = 0, 1, 2, 3, 4
 
 
-def simulate(graph: Graph, hw: Hardware, plan: Plan, durations_ns: dict[str, int] | None = None) -> Timeline:
+def simulate(
+    graph: Graph, hw: Hardware, plan: Plan, durations_ns: dict[str, int] | None = None, *, allocator: bool = True
+) -> Timeline:
     """Run ``plan`` and return its Timeline: step times, residencies, metrics and every violation found.
 
     A plan is valid when ``timeline.violations`` is empty. A malformed program (unknown names, a wait on a later
     step, an op missing or run twice, an order against the data dependencies) is reported without running it.
+
+    HBM addresses: a plan with ``offsets`` is checked against them (``offset_overlap``, ``offset_missing``, and
+    ``capacity`` for an offset past the HBM size); a plan without is replayed through the caching allocator
+    (planner/allocator.py), whose defragmentation events delay the compute stream (see ``_defrag_delays``).
+    ``allocator=False`` skips the allocator model (planners use it to time a plan before assigning offsets).
     """
     problems = check_program(graph, hw, plan)
     if problems:
@@ -45,10 +54,48 @@ def simulate(graph: Graph, hw: Hardware, plan: Plan, durations_ns: dict[str, int
     timings, stall_ns = _time_steps(graph, hw, plan.steps, durations)
     replay = _Replay(graph, hw, plan.steps, timings)
     residencies, violations = replay.run()
+    extra: dict = {"allocator": "none"}
+    if plan.offsets:
+        off_violations, height = check_offsets(residencies, plan.offsets, hw.hbm_bytes, HBM)
+        violations += off_violations
+        extra = {"allocator": "static", "offset_height_bytes": height}
+    elif allocator:
+        report = replay_caching(replay.hbm_log, hw.hbm_bytes, hw.hbm_bandwidth_Bps)
+        if report.defrags:
+            # One re-run of the timing with the compaction delays; the allocator's counts are those of the replay
+            # before the delays (the delays are assumed not to reorder allocations). See README.md.
+            delays = _defrag_delays(report, plan.steps, timings)
+            timings, stall_ns = _time_steps(graph, hw, plan.steps, durations, delays)
+            replay = _Replay(graph, hw, plan.steps, timings)
+            residencies, violations = replay.run()
+        extra = {
+            "allocator": "caching", "defrag_events": len(report.defrags), "defrag_ns": report.defrag_ns,
+            "fragmentation_failures": report.fragmentation_failures, "offset_height_bytes": report.high_water_bytes,
+        }
     violations += _capacity_violations(hw, residencies)
-    metrics = _metrics(graph, hw, plan.steps, timings, residencies, stall_ns)
+    metrics = replace(_metrics(graph, hw, plan.steps, timings, residencies, stall_ns), **extra)
     violations.sort(key=lambda v: (v.time_ns, v.step if v.step is not None else -1, v.kind))
     return Timeline(tuple(timings), tuple(residencies), metrics, tuple(violations))
+
+
+def _defrag_delays(report: AllocatorReport, steps: tuple[Step, ...], timings: list[StepTiming]) -> dict[int, int]:
+    """Step index -> delay added to its start: a compaction stops the device while it moves blocks.
+
+    The step whose allocation triggered the compaction starts ``cost`` later; when that step is a transfer, so
+    does the first compute step that starts at or after the event (the compute stream is stopped too).
+    """
+    compute = [(timings[i].start_ns, i) for i, s in enumerate(steps) if s.stream == COMPUTE]
+    delays: dict[int, int] = {}
+    for d in report.defrags:
+        if d.step is None or d.cost_ns <= 0:
+            continue
+        delays[d.step] = delays.get(d.step, 0) + d.cost_ns
+        if steps[d.step].stream != COMPUTE:
+            j = bisect.bisect_left(compute, (d.time_ns, -1))
+            if j < len(compute):
+                c = compute[j][1]
+                delays[c] = delays.get(c, 0) + d.cost_ns
+    return delays
 
 
 def check_program(graph: Graph, hw: Hardware, plan: Plan) -> list[Violation]:
@@ -61,7 +108,7 @@ def check_program(graph: Graph, hw: Hardware, plan: Plan) -> list[Violation]:
         out.append(Violation("program", 0, msg, step=i, op=op, tensor=tensor))
 
     for i, s in enumerate(plan.steps):
-        if any(w < 0 or w >= i for w in s.waits):
+        if s.waits and (min(s.waits) < 0 or max(s.waits) >= i):
             bad(i, f"waits for step(s) {[w for w in s.waits if w < 0 or w >= i]} that do not come before it")
         if s.kind is StepKind.COMPUTE:
             if s.target not in graph.op_index:
@@ -99,34 +146,46 @@ def check_program(graph: Graph, hw: Hardware, plan: Plan) -> list[Violation]:
 
 
 def _time_steps(
-    graph: Graph, hw: Hardware, steps: tuple[Step, ...], durations: dict[str, int]
+    graph: Graph, hw: Hardware, steps: tuple[Step, ...], durations: dict[str, int],
+    delays: dict[int, int] | None = None,
 ) -> tuple[list[StepTiming], int]:
-    """Return each step's start, end and channel, and the compute stream's stall time."""
+    """Return each step's start, end and channel, and the compute stream's stall time.
+
+    ``delays`` (step index -> ns) pushes a step's start later (a defragmentation); it is not counted as stall.
+    """
+    delays = delays or {}
     links = {ln.name: ln for ln in hw.links}
     channel_free = {ln.name: [0] * ln.channels for ln in hw.links}
     compute_free = 0
     stall = 0
     timings: list[StepTiming] = []
-    for s in steps:
-        ready = max((timings[w].end_ns for w in s.waits), default=0)
-        if s.stream == COMPUTE:
+    ends: list[int] = []  # timings[i].end_ns, kept apart for speed
+    on_compute = [s.stream == COMPUTE for s in steps]
+    for i, s in enumerate(steps):
+        waits = s.waits
+        ready = max(map(ends.__getitem__, waits)) if waits else 0
+        if on_compute[i]:
             start = max(compute_free, ready)
-            # Waiting on another compute step is ordinary; waiting on a transfer is a stall.
-            own = max(compute_free, max((timings[w].end_ns for w in s.waits if steps[w].stream == COMPUTE), default=0))
-            stall += start - own
+            if start > compute_free:
+                # Waiting on another compute step is ordinary; waiting on a transfer is a stall.
+                own = max(compute_free, max((ends[w] for w in waits if on_compute[w]), default=0))
+                stall += start - own
+            start += delays.get(i, 0)
             end = start + (durations[s.target] if s.kind is StepKind.COMPUTE else 0)
             compute_free = end
             timings.append(StepTiming(start, end, 0))
+            ends.append(end)
             continue
         free = channel_free[s.stream]
         ch = min(range(len(free)), key=lambda c: (free[c], c))
-        start = max(free[ch], ready)
+        start = max(free[ch], ready) + delays.get(i, 0)
         if s.kind is StepKind.DETACH:
             end = start
         else:
             end = start + transfer_duration_ns(graph.tensors[s.target].bytes, links[s.stream])
         free[ch] = end
         timings.append(StepTiming(start, end, ch))
+        ends.append(end)
     return timings, stall
 
 
@@ -150,9 +209,12 @@ class _Replay:
         self.remote: dict[str, dict[str, int]] = {name: {} for name in graph.tensors}
         self.open: dict[tuple[str, str], tuple[int, int, str, int]] = {}
         self.open_seq: list[str] = []
+        self.open_tiers: dict[str, dict[str, None]] = {}  # name -> tiers it is open on, in allocation order
         self.residencies: list[Residency] = []
         self.violations: list[Violation] = []
         self.store_version: dict[int, int] = {}
+        # HBM allocations and frees in replay order, for the allocator models.
+        self.hbm_log: list[AllocRecord] = []
         # Start times of the compute steps that read or update each tensor, to tell if a copy is still needed.
         self.use_starts: dict[str, list[int]] = {name: [] for name in graph.tensors}
         for i, s in enumerate(steps):
@@ -163,13 +225,19 @@ class _Replay:
             v.sort()
 
     # -- allocation bookkeeping
-    def _alloc(self, tier: str, name: str, kind: str, nbytes: int, now: int) -> None:
+    def _alloc(self, tier: str, name: str, kind: str, nbytes: int, now: int, step: int | None = None) -> None:
         self.open[(tier, name)] = (now, nbytes, kind, len(self.open_seq))
+        self.open_tiers.setdefault(name, {})[tier] = None
         self.open_seq.append(name)
+        if tier == HBM:
+            self.hbm_log.append(AllocRecord(now, ALLOC, name, nbytes, step))
 
     def _free(self, tier: str, name: str, now: int, until_end: bool = False) -> None:
         start, nbytes, kind, seq = self.open.pop((tier, name))
+        del self.open_tiers[name][tier]
         self.residencies.append(Residency(tier, name, kind, nbytes, start, now, until_end, seq))
+        if tier == HBM and not until_end:
+            self.hbm_log.append(AllocRecord(now, FREE, name, nbytes))
 
     def _violate(self, kind: str, now: int, msg: str, step: int | None, op=None, tensor=None) -> None:
         self.violations.append(Violation(kind, now, msg, step=step, op=op, tensor=tensor))
@@ -219,7 +287,7 @@ class _Replay:
         end = max((tm.end_ns for tm in self.t), default=0)
         for tier, name in sorted(self.open):
             self._free(tier, name, end, until_end=True)
-        self.residencies.sort(key=lambda r: (r.start_ns, r.seq))
+        self.residencies.sort(key=attrgetter("start_ns", "seq"))
         return self.residencies, self.violations
 
     # -- event handlers
@@ -238,9 +306,9 @@ class _Replay:
         for tn in op.outputs:
             st = self.state[tn]
             st.resident, st.usable_ns = True, self.t[i].end_ns
-            self._alloc(HBM, tn, self.g.tensors[tn].kind.value, self.g.tensors[tn].bytes, now)
+            self._alloc(HBM, tn, self.g.tensors[tn].kind.value, self.g.tensors[tn].bytes, now, i)
         if op.workspace_bytes:
-            self._alloc(HBM, "workspace:" + op.name, "workspace", op.workspace_bytes, now)
+            self._alloc(HBM, "workspace:" + op.name, "workspace", op.workspace_bytes, now, i)
 
     def _op_end(self, i: int, now: int) -> None:
         op = self.g.op(self.steps[i].target)
@@ -264,7 +332,7 @@ class _Replay:
             self._violate("already_resident", now, "prefetch of a tensor already on HBM", i, tensor=tn)
             return
         st.resident, st.usable_ns = True, self.t[i].end_ns
-        self._alloc(HBM, tn, self.g.tensors[tn].kind.value, self.g.tensors[tn].bytes, now)
+        self._alloc(HBM, tn, self.g.tensors[tn].kind.value, self.g.tensors[tn].bytes, now, i)
 
     def _prefetch_end(self, i: int, now: int) -> None:
         pass  # usability was set at the start from the known end time
@@ -312,8 +380,8 @@ class _Replay:
     def _dies(self, tn: str, now: int) -> None:
         st = self.state[tn]
         st.dead = True
-        for key in [k for k in self.open if k[1] == tn]:
-            self._free(key[0], tn, now)
+        for tier in list(self.open_tiers.get(tn, ())):
+            self._free(tier, tn, now)
         st.resident = False
 
 

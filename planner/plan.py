@@ -44,6 +44,10 @@ class Plan:
     status: str = "feasible"
     notes: tuple[str, ...] = ()
     stats: dict = field(default_factory=dict)
+    # Static HBM offsets, keyed by allocation name (``timeline.Residency.name``: a tensor, or ``workspace:OP``):
+    # an int for every residency of that name, or a list with one entry per residency in start order. Empty:
+    # the executor places allocations with its caching allocator instead (see planner/allocator.py).
+    offsets: dict = field(default_factory=dict)
 
     def compute_order(self) -> list[str]:
         return [s.target for s in self.steps if s.kind is StepKind.COMPUTE]

@@ -33,7 +33,7 @@ def schedule_to_dict(graph: Graph, hw: Hardware, plan: Plan, timeline: Timeline)
         {"id": i, "start_us": tm.start_ns / 1000, "end_us": tm.end_ns / 1000, "channel": tm.channel}
         for i, tm in enumerate(timeline.steps)
     ]
-    return {
+    doc = {
         "format": FORMAT,
         "graph": {"name": graph.name, "sha256": graph.sha256, "ops": len(graph.ops), "tensors": len(graph.tensors)},
         "hardware": hw.to_dict(),
@@ -54,6 +54,10 @@ def schedule_to_dict(graph: Graph, hw: Hardware, plan: Plan, timeline: Timeline)
         "program": program,
         "timeline": executed,
     }
+    if plan.offsets:
+        # Static HBM offsets, one entry per allocation name (a list when the name is resident several times).
+        doc["offsets"] = [{"name": k, "offset": v} for k, v in sorted(plan.offsets.items())]
+    return doc
 
 
 def dumps_schedule(doc: dict) -> str:
@@ -91,8 +95,16 @@ def plan_from_dict(doc: dict, source: str) -> Plan:
             target = e["node"] if kind is StepKind.COMPUTE else e["tensor"]
             steps.append(Step(kind, target, e["stream"], tuple(int(w) for w in e["waits"])))
         p = doc["planner"]
+        offsets: dict = {}
+        for j, e in enumerate(doc.get("offsets", ())):
+            v = e["offset"]
+            ok = (isinstance(v, int) and not isinstance(v, bool) and v >= 0) or (
+                isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v))
+            if not isinstance(e["name"], str) or not ok:
+                raise InputError(source, f"offsets[{j}]", "needs a name and a non-negative integer offset (or a list)")
+            offsets[e["name"]] = v
         return Plan(doc["graph"]["name"], tuple(steps), p["name"], dict(p.get("options", {})), p.get("status", ""),
-                    tuple(p.get("notes", ())))
+                    tuple(p.get("notes", ())), offsets=offsets)
     except InputError:
         raise
     except (KeyError, TypeError, ValueError) as exc:

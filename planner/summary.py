@@ -33,6 +33,10 @@ def summary_dict(graph: Graph, hw: Hardware, result: Result, schedule_path: str 
         "stall_us": m.stall_ns / 1000,
         "hidden_transfer_share": round(m.hidden_share, 6),
         "defrag_events": m.defrag_events,
+        "defrag_us": m.defrag_ns / 1000,
+        "fragmentation_failures": m.fragmentation_failures,
+        "allocator": m.allocator,
+        "offset_height_bytes": m.offset_height_bytes,
         "planner_runtime_s": round(result.runtime_s, 3),
         "notes": list(result.plan.notes),
         "schedule": schedule_path,
@@ -59,7 +63,19 @@ def summary_table(d: dict) -> Table:
     table.add_row("bytes moved", moved)
     table.add_row("compute stall", format_time_us(d["stall_us"]))
     table.add_row("transfer hidden behind compute", f"{d['hidden_transfer_share']:.1%}")
-    table.add_row("defragmentation events", str(d["defrag_events"]))
+    if d.get("allocator") == "static":
+        table.add_row("HBM placement", "static offsets (planned)")
+        table.add_row("defragmentation events", "0 (static offsets)")
+    else:
+        table.add_row("HBM placement", "caching allocator (best fit, splitting, compaction on demand)")
+        frag = d.get("fragmentation_failures", 0)
+        table.add_row("defragmentation events",
+                      f"{d['defrag_events']} ({format_time_us(d.get('defrag_us', 0))}, {frag} fragmentation failures)")
+    height = d.get("offset_height_bytes")
+    if height is not None:
+        what = "highest offset + size" if d.get("allocator") == "static" else "caching allocator's high-water"
+        table.add_row("offset height", f"{format_bytes(height)} ({what}; {height / peak:.1%} of peak HBM)"
+                      if peak else format_bytes(height))
     table.add_row("planner time", f"{d['planner_runtime_s']:.2f} s")
     if d["schedule"]:
         table.add_row("schedule", d["schedule"])

@@ -59,6 +59,9 @@ class Metrics:
     defrag_ns: int = 0
     fragmentation_failures: int = 0
     offset_height_bytes: int | None = None
+    # Who placed the HBM allocations: "static" (the plan's offsets), "caching" (the caching allocator model; then
+    # offset_height_bytes is its high-water address), or "none" (simulate(..., allocator=False)).
+    allocator: str = "caching"
 
     @property
     def hidden_share(self) -> float:
@@ -78,6 +81,7 @@ class Metrics:
             "defrag_us": self.defrag_ns / 1000,
             "fragmentation_failures": self.fragmentation_failures,
             "offset_height_bytes": self.offset_height_bytes,
+            "allocator": self.allocator,
         }
 
 

@@ -57,7 +57,8 @@ def test_no_offload_chain_exact():
 
 
 def test_offload_plan_exact():
-    g, hw = skip_graph(), simple_hardware(hbm=300)
+    # 400 B: room for the caching allocator never to compact (at 300 B it must, see test_allocator.py).
+    g, hw = skip_graph(), simple_hardware(hbm=400)
     tl = simulate(g, hw, offload_plan())
     assert tl.valid, [v.describe() for v in tl.violations]
     times = [(s.start_ns, s.end_ns) for s in tl.steps]
@@ -75,7 +76,7 @@ def test_offload_plan_exact():
 
 def test_stall_counted_when_compute_waits_for_a_transfer():
     g = skip_graph()
-    hw = simple_hardware(hbm=300, bw=0.05e9)  # 100 bytes take 2000 ns
+    hw = simple_hardware(hbm=400, bw=0.05e9)  # 100 bytes take 2000 ns; 400 B: the allocator never compacts
     tl = simulate(g, hw, offload_plan(prefetch_waits=(2, 3)))
     assert tl.valid, [v.describe() for v in tl.violations]
     # store [1000, 3000), detach at 3000; the prefetch waits for the detach: [3000, 5000); op3 waits for it.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
 from planner.plan import Plan, ProgramBuilder
@@ -23,4 +25,13 @@ def plan_none(graph: Graph, hw: Hardware, order: str = "auto") -> Plan:
     for name in names:
         op = graph.op(name)
         pb.compute(name, waits=[fetched[t] for t in op.reads if t in fetched])
-    return pb.build(graph.name, "none", options={"order": order})
+    plan = pb.build(graph.name, "none", options={"order": order})
+    # None never offloads: when its own peak is over the budget, no plan of this planner fits. Say so.
+    from planner.executor import simulate
+
+    peak = simulate(graph, hw, plan, allocator=False).metrics.peak_bytes.get(HBM, 0)
+    if peak > hw.hbm_bytes:
+        return replace(plan, status="infeasible", notes=(
+            f"the no-offload peak is {peak} B, over the HBM budget of {hw.hbm_bytes} B; none never offloads",
+        ))
+    return plan

@@ -44,17 +44,28 @@ def plan_reactive(graph: Graph, hw: Hardware, lookahead: int = 0) -> Plan:
         if name in graph.producer:
             continue
         if t.home == HBM:
-            if t.persistent or uses[name]:
-                mem.resident[name] = -1
-                mem.used += t.bytes
+            # The executor holds every tensor that starts on HBM until it dies or is detached, used or not.
+            mem.resident[name] = -1
+            mem.used += t.bytes
         else:
             mem.valid_remote[name].add(t.home)
             mem.remote_used[t.home] += t.bytes
     pb = ProgramBuilder()
     clock = 0
-    prev_compute: int | None = None
     notes: list[str] = []
     status = "feasible"
+    # A runtime frees at once what nothing will read (reference count zero): tensors that start on HBM, are never
+    # used and do not outlive the step.
+    for name in sorted(mem.resident):
+        if not graph.tensors[name].persistent and not uses[name]:
+            pb.detach(name, stream=COMPUTE)
+            del mem.resident[name]
+            mem.used -= graph.tensors[name].bytes
+    needed_at_start = mem.used
+    if needed_at_start > hw.hbm_bytes:
+        status = "infeasible"
+        notes.append(f"{needed_at_start} B start on HBM and are still needed, over the budget of {hw.hbm_bytes} B")
+    prev_compute: int | None = None
     tiers_by_speed = sorted(
         (t.name for t in hw.remote_tiers),
         key=lambda n: (1 / hw.store_link(n).bandwidth_Bps + 1 / hw.fetch_link(n).bandwidth_Bps, n),

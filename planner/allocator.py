@@ -1,0 +1,282 @@
+"""HBM address-space models: a framework-style caching allocator and the check of static offsets.
+
+The executor tracks bytes per tier; this module adds where in HBM each allocation sits.
+
+* ``CachingAllocator`` is what PyTorch's or MindSpore's device allocator does at run time: one arena of the HBM
+  budget, **best fit** (the smallest free block that fits, the lowest address on a tie), **block splitting**
+  (the rest of the block stays free), **coalescing** of a freed block with its free neighbours, and **no
+  compaction until it must**. An allocation that finds no free block large enough although the free bytes add
+  up to enough is a *fragmentation failure*; the allocator then compacts (a *defragmentation event*): every
+  live block moves down to the lowest addresses, in address order, and the allocation is retried. Moving a
+  block reads and writes it once, so an event costs ``2 * bytes moved / HBM bandwidth``. An allocation larger
+  than all free bytes together is over capacity (the executor reports that as a ``capacity`` violation); the
+  allocator places it above the arena and counts it as an overflow.
+* ``check_offsets`` checks a plan's static offsets: every HBM allocation has one, no two allocations that are
+  live at the same time overlap in address, and none ends above the HBM capacity.
+
+Times are the executor's integer nanoseconds; intervals are half-open ``[start, end)`` (a free at a time comes
+before an allocation at the same time, as in the executor).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from planner.timeline import Residency, Violation
+
+ALLOC, FREE = 1, -1
+
+
+class AllocRecord(NamedTuple):
+    """One entry of the executor's HBM allocation log, in the order the executor replayed them."""
+
+    time_ns: int
+    op: int  # ALLOC or FREE
+    name: str
+    bytes: int
+    step: int | None = None  # the program step whose start made the allocation (None: before the step)
+
+
+@dataclass(frozen=True)
+class DefragEvent:
+    """A compaction forced by a fragmentation failure."""
+
+    time_ns: int
+    step: int | None
+    name: str  # the allocation that failed
+    requested: int
+    free_bytes: int
+    largest_free: int
+    bytes_moved: int
+    cost_ns: int
+
+
+@dataclass(frozen=True)
+class AllocatorReport:
+    fragmentation_failures: int
+    defrags: tuple[DefragEvent, ...]
+    high_water_bytes: int  # the highest address end any block reached
+    overflows: int  # allocations larger than all free bytes (over capacity)
+
+    @property
+    def defrag_ns(self) -> int:
+        return sum(d.cost_ns for d in self.defrags)
+
+
+class CachingAllocator:
+    """Best-fit allocator with splitting, coalescing and compaction on demand, over ``[0, capacity)``."""
+
+    def __init__(self, capacity: int, hbm_bandwidth_Bps: float = 1.6e12, alignment: int = 1) -> None:
+        self.capacity = int(capacity)
+        self.bandwidth = float(hbm_bandwidth_Bps)
+        self.alignment = max(1, int(alignment))
+        self.free_start: dict[int, int] = {}  # start -> size
+        self.free_end: dict[int, int] = {}  # end -> start
+        self.by_size: list[tuple[int, int]] = []  # (size, start), sorted
+        self.blocks: dict[str, tuple[int, int]] = {}  # name -> (start, size) in the arena
+        self.overflow: dict[str, tuple[int, int]] = {}  # name -> (start, size) above the arena
+        self.free_bytes = 0
+        self.high_water = 0
+        self.failures = 0
+        self.overflows = 0
+        self.defrags: list[DefragEvent] = []
+        if self.capacity > 0:
+            self._add_free(0, self.capacity)
+
+    # -- the free list
+    def _add_free(self, start: int, size: int) -> None:
+        self.free_start[start] = size
+        self.free_end[start + size] = start
+        bisect.insort(self.by_size, (size, start))
+        self.free_bytes += size
+
+    def _remove_free(self, start: int) -> int:
+        size = self.free_start.pop(start)
+        del self.free_end[start + size]
+        i = bisect.bisect_left(self.by_size, (size, start))
+        del self.by_size[i]
+        self.free_bytes -= size
+        return size
+
+    def _round(self, n: int) -> int:
+        a = self.alignment
+        return n if a == 1 else -(-n // a) * a
+
+    # -- the interface
+    def alloc(self, name: str, nbytes: int, time_ns: int = 0, step: int | None = None) -> int:
+        """Allocate ``nbytes`` for ``name``; return its address (compacting first when fragmentation demands)."""
+        size = self._round(nbytes)
+        i = bisect.bisect_left(self.by_size, (size, -1))
+        if i == len(self.by_size):
+            if self.free_bytes >= size:
+                self.failures += 1
+                largest = self.by_size[-1][0] if self.by_size else 0
+                free_before = self.free_bytes
+                moved = self._compact()
+                cost = math.ceil(2 * moved / self.bandwidth * 1e9) if moved else 0
+                self.defrags.append(DefragEvent(time_ns, step, name, size, free_before, largest, moved, cost))
+                i = bisect.bisect_left(self.by_size, (size, -1))
+            else:
+                self.overflows += 1
+                top = max([self.capacity] + [s + z for s, z in self.overflow.values()])
+                self.overflow[name] = (top, size)
+                self.high_water = max(self.high_water, top + size)
+                return top
+        fsize, start = self.by_size[i]
+        self._remove_free(start)
+        if fsize > size:
+            self._add_free(start + size, fsize - size)
+        self.blocks[name] = (start, size)
+        self.high_water = max(self.high_water, start + size)
+        return start
+
+    def free(self, name: str) -> None:
+        if name in self.overflow:
+            del self.overflow[name]
+            return
+        start, size = self.blocks.pop(name)
+        end = start + size
+        if start in self.free_end:  # a free neighbour below
+            below = self.free_end[start]
+            size += self._remove_free(below)
+            start = below
+        if end in self.free_start:  # a free neighbour above
+            size += self._remove_free(end)
+        self._add_free(start, size)
+
+    def _compact(self) -> int:
+        """Move every live block down, in address order; return the bytes moved."""
+        moved = 0
+        cur = 0
+        for name, (start, size) in sorted(self.blocks.items(), key=lambda kv: kv[1][0]):
+            if start != cur:
+                moved += size
+            self.blocks[name] = (cur, size)
+            cur += size
+        self.free_start.clear()
+        self.free_end.clear()
+        self.by_size.clear()
+        self.free_bytes = 0
+        if cur < self.capacity:
+            self._add_free(cur, self.capacity - cur)
+        return moved
+
+    def report(self) -> AllocatorReport:
+        return AllocatorReport(self.failures, tuple(self.defrags), self.high_water, self.overflows)
+
+
+def replay_caching(
+    log: Iterable[AllocRecord], capacity: int, hbm_bandwidth_Bps: float, alignment: int = 1
+) -> AllocatorReport:
+    """Replay an allocation log through a ``CachingAllocator`` and return what it counted."""
+    a = CachingAllocator(capacity, hbm_bandwidth_Bps, alignment)
+    for r in log:
+        if r.op == ALLOC:
+            a.alloc(r.name, r.bytes, r.time_ns, r.step)
+        elif r.name in a.blocks or r.name in a.overflow:
+            a.free(r.name)
+    return a.report()
+
+
+def live_end(r: Residency) -> int:
+    """The end of ``r``'s live interval: its end, or one past its start for a copy still held at the step's end
+    that was allocated at the very end (the executor counts those, so the address checks do too)."""
+    return r.end_ns if r.end_ns > r.start_ns or not r.until_end else r.start_ns + 1
+
+
+def residency_instances(residencies: Iterable[Residency], tier: str = "hbm") -> list[tuple[Residency, int]]:
+    """Return the ``tier`` residencies with their instance number: the k-th residency of a name, by start."""
+    count: dict[str, int] = {}
+    out = []
+    for r in sorted((r for r in residencies if r.tier == tier), key=lambda r: (r.start_ns, r.end_ns, r.name)):
+        k = count.get(r.name, 0)
+        count[r.name] = k + 1
+        out.append((r, k))
+    return out
+
+
+def offset_of(offsets: Mapping[str, int | Sequence[int]], name: str, instance: int) -> int | None:
+    """The offset a plan gives the ``instance``-th residency of ``name`` (an int applies to every instance)."""
+    v = offsets.get(name)
+    if v is None:
+        return None
+    if isinstance(v, int):
+        return v
+    return int(v[instance]) if instance < len(v) else None
+
+
+def check_offsets(
+    residencies: Iterable[Residency], offsets: Mapping[str, int | Sequence[int]], capacity: int, tier: str = "hbm"
+) -> tuple[list[Violation], int]:
+    """Check static offsets against the executed residencies; return (violations, offset height).
+
+    Violations: ``offset_missing`` (an allocation with no offset), ``capacity`` (offset + bytes over the
+    capacity), ``offset_overlap`` (two allocations live at the same time share addresses; one violation per
+    allocation that overlaps one already live). Allocations of zero duration are not checked.
+    """
+    violations: list[Violation] = []
+    items = []
+    for r, k in residency_instances(residencies, tier):
+        if live_end(r) <= r.start_ns:
+            continue
+        off = offset_of(offsets, r.name, k)
+        tensor = None if r.name.startswith("workspace:") else r.name
+        op = r.name[len("workspace:"):] if r.name.startswith("workspace:") else None
+        if off is None or off < 0:
+            violations.append(Violation("offset_missing", r.start_ns, f"no HBM offset for allocation #{k} of "
+                                        f"{r.name!r}", tensor=tensor, op=op))
+            continue
+        if off + r.bytes > capacity:
+            violations.append(Violation(
+                "capacity", r.start_ns,
+                f"offset {off} + {r.bytes} B ends at {off + r.bytes} B, above the {tier} capacity of {capacity} B",
+                tensor=tensor, op=op,
+            ))
+        items.append((r, off))
+    height = max((off + r.bytes for r, off in items), default=0)
+    # Sweep in time; frees before allocations at equal times. ``live`` is sorted by offset.
+    ev = []
+    for idx, (r, _off) in enumerate(items):
+        ev.append((r.start_ns, 1, idx))
+        ev.append((live_end(r), 0, idx))
+    ev.sort()
+    live: list[tuple[int, int, int]] = []  # (offset, end address, idx)
+    max_size = max((r.bytes for r, _ in items), default=0)
+    for _t, kind, idx in ev:
+        r, off = items[idx]
+        key = (off, off + r.bytes, idx)
+        if kind == 0:
+            j = bisect.bisect_left(live, key)
+            if j < len(live) and live[j] == key:
+                del live[j]
+            continue
+        j = bisect.bisect_left(live, key)
+        clash = None
+        if j < len(live) and live[j][0] < off + r.bytes:
+            clash = live[j]
+        k = j - 1
+        while clash is None and k >= 0 and live[k][0] > off - max_size:
+            if live[k][1] > off:
+                clash = live[k]
+            k -= 1
+        if clash is not None:
+            other = items[clash[2]][0]
+            violations.append(Violation(
+                "offset_overlap", r.start_ns,
+                f"HBM [{off}, {off + r.bytes}) overlaps {other.name!r} at [{clash[0]}, {clash[1]}), live since "
+                f"{other.start_ns / 1000:.3f}us",
+                tensor=None if r.name.startswith("workspace:") else r.name,
+                op=r.name[len("workspace:"):] if r.name.startswith("workspace:") else None,
+            ))
+        live.insert(j, key)
+    return violations, height
+
+
+__all__ = [
+    "ALLOC", "FREE", "AllocRecord", "AllocatorReport", "CachingAllocator", "DefragEvent", "check_offsets",
+    "live_end", "offset_of", "replay_caching", "residency_instances",
+]

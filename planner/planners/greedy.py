@@ -1,0 +1,232 @@
+"""The paper's planner: distance-based cache-op insertion, then a greedy execution-order refinement.
+
+HyperOffload (arXiv 2602.00748) inserts Prefetch / Store / Detach into the graph and then moves each cache op
+to the feasible position where the cost model says its transfer completes in time, overlaps compute best and
+costs the least peak memory. The production implementation (MindSpore ``utils/hyper_offload``) is reported to
+be distance-based with four settings, which are this planner's options:
+
+* ``select_distance`` (default 8): a tensor whose next use is at least this many ops away is a candidate;
+* ``select_num`` (default 32): at most this many such candidates are offloaded for their own sake (largest
+  bytes x gap time first, and only those whose Store and Prefetch fit in the gap's compute time);
+* ``prefetch_distance`` (default 2): a Prefetch goes at least this many ops before the use;
+* ``release_distance`` (default 1): a Detach goes at least this many ops after the use (it also waits for
+  the Store, so a later Detach stalls less and holds more).
+
+On top of the distance rule the planner respects the HBM budget: it offloads more gaps, largest bytes x gap
+time first, until the sequential HBM count fits (``greedy_select.py``), places every cache op
+(``refine.py``), emits the program, checks it with the executor and assigns static HBM offsets
+(``planner/offsets.py``). When the offsets do not fit the budget (fragmentation), it plans again against a
+budget lowered by the excess (three times at most) and keeps that plan if it is no slower than the first plan under
+the caching allocator (defragmentation delays included); otherwise the first plan, with the caching allocator.
+
+It reports ``status="infeasible"`` with a note when no plan can fit: the budget is below an op's working set
+(the lower bound ``planner.bounds.largest_working_set``), or the remote tiers have no room for what must leave.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from planner.bounds import hbm_floor, initial_hbm_bytes
+from planner.executor import simulate
+from planner.graph import Graph
+from planner.hardware import Hardware
+from planner.offsets import assign_offsets, offsets_height
+from planner.plan import COMPUTE, Plan, ProgramBuilder
+from planner.planners.greedy_select import Context, Gap, select_gaps
+from planner.planners.refine import place, resolve_copies
+from planner.timeline import Timeline
+
+DEFAULTS = {"select_distance": 8, "select_num": 32, "prefetch_distance": 2, "release_distance": 1}
+OFFSET_RETRIES = 3  # replans against a lower budget when static offsets do not fit
+
+
+@dataclass(frozen=True)
+class Settings:
+    select_distance: int = DEFAULTS["select_distance"]
+    select_num: int = DEFAULTS["select_num"]
+    prefetch_distance: int = DEFAULTS["prefetch_distance"]
+    release_distance: int = DEFAULTS["release_distance"]
+
+    def as_dict(self) -> dict:
+        return {
+            "select_distance": self.select_distance, "select_num": self.select_num,
+            "prefetch_distance": self.prefetch_distance, "release_distance": self.release_distance,
+        }
+
+
+def plan_greedy(
+    graph: Graph,
+    hw: Hardware,
+    select_distance: int = DEFAULTS["select_distance"],
+    select_num: int = DEFAULTS["select_num"],
+    prefetch_distance: int = DEFAULTS["prefetch_distance"],
+    release_distance: int = DEFAULTS["release_distance"],
+    order: str = "auto",
+    offsets: bool = True,
+) -> Plan:
+    """Return the greedy plan for ``hw``'s HBM budget (see the module doc). ``offsets=False`` leaves HBM
+    placement to the executor's caching allocator; ``order`` is ``auto`` or ``graph`` as for ``none``."""
+    settings = Settings(int(select_distance), int(select_num), int(prefetch_distance), int(release_distance))
+    ctx = Context(graph, hw, order)
+    return plan_with_context(ctx, settings, offsets=_flag(offsets))
+
+
+def _flag(value) -> bool:
+    """A boolean option that may come from the command line as text (``-O offsets=false``)."""
+    if isinstance(value, str):
+        return value.strip().lower() not in ("false", "0", "no", "off")
+    return bool(value)
+
+
+def plan_with_context(ctx: Context, settings: Settings, offsets: bool = True, name: str = "greedy") -> Plan:
+    """Plan with a prepared Context (the sweep shares one across settings)."""
+    budget = ctx.hw.hbm_bytes
+    if budget < hbm_floor(ctx.graph)[0]:
+        return build_plan(ctx, settings, budget, name)  # infeasible: say why, do not bother the executor
+    plan, timeline = _plan_checked(ctx, settings, budget, name)
+    if not offsets or plan.status != "feasible" or not timeline.valid:
+        return plan
+    first = plan
+    floor = hbm_floor(ctx.graph)[0]
+    static: Plan | None = None
+    for attempt in range(OFFSET_RETRIES + 1):
+        offs = assign_offsets(timeline.residencies)
+        height = offsets_height(timeline.residencies, offs)
+        if height <= ctx.hw.hbm_bytes:
+            stats = dict(plan.stats, offset_height_bytes=height, offset_attempts=attempt + 1)
+            notes = plan.notes + ((f"static offsets fit after planning for {budget} B (the offsets need more than "
+                                   "the peak: fragmentation)",) if attempt else ())
+            static = replace(plan, offsets=offs, stats=stats, notes=notes)
+            break
+        # Fragmentation makes the height exceed the peak by a few percent: plan for a budget lower by that ratio.
+        # A margin of 1% (growing by 0.5% an attempt) for the plan changing under the lower budget.
+        margin = 0.99 - 0.005 * attempt
+        budget = min(budget - ctx.hw.hbm_bytes // 1000, int(budget * ctx.hw.hbm_bytes / height * margin))
+        if budget < floor:
+            break
+        candidate, cand_tl = _plan_checked(ctx, settings, budget, name)
+        if candidate.status != "feasible" or not cand_tl.valid:
+            break
+        plan, timeline = candidate, cand_tl
+    if static is not None and static.stats["offset_attempts"] == 1:
+        return static
+    # The first plan under the caching allocator (its defragmentation delays included) against the static plan
+    # made for a lower budget, if any: the faster one wins, static offsets on a tie.
+    caching = simulate(ctx.graph, ctx.hw, first)
+    if static is not None:
+        static_tl = simulate(ctx.graph, ctx.hw, static)
+        if static_tl.valid and static_tl.metrics.makespan_ns <= caching.metrics.makespan_ns:
+            return static
+        why = (f"static offsets fit only when planning for {static.stats['planning_budget_bytes']} B, which is "
+               f"slower ({static_tl.metrics.makespan_ns} ns) than the caching allocator at the full budget")
+    else:
+        why = "static offsets did not fit the HBM budget"
+    return replace(first, notes=first.notes + (f"{why}; HBM placement is left to the caching allocator",))
+
+
+def _plan_checked(ctx: Context, settings: Settings, budget: int, name: str) -> tuple[Plan, Timeline]:
+    """Plan against ``budget`` and time the plan (no allocator model); an invalid plan becomes infeasible."""
+    plan = build_plan(ctx, settings, budget, name)
+    timeline = simulate(ctx.graph, ctx.hw, plan, allocator=False)
+    if timeline.violations and plan.status == "feasible":
+        shown = "; ".join(v.describe() for v in timeline.violations[:3])
+        plan = replace(plan, status="infeasible",
+                       notes=plan.notes + (f"the executor rejects the greedy plan: {shown}",))
+    return plan, timeline
+
+
+def build_plan(ctx: Context, settings: Settings, budget: int, name: str = "greedy") -> Plan:
+    """Select, refine and emit (no executor run)."""
+    gaps, _L, _over = select_gaps(
+        ctx, budget, settings.select_distance, settings.select_num, settings.prefetch_distance,
+        settings.release_distance,
+    )
+    # Resolve the copies, count, place; placing may give gaps up, and a gap given up may have held the remote
+    # copy a later gap of its tensor relied on, so resolve and place again until no gap is given up.
+    while True:
+        notes = resolve_copies(ctx, gaps)
+        gaps = [g for g in gaps if g.selected]
+        L = ctx.base.copy()
+        for g in gaps:
+            if g.hi > g.lo:
+                L[g.lo:g.hi] -= g.bytes
+        worst = int(L.argmax()) if len(L) else 0
+        over = len(L) > 0 and L[worst] > budget
+        place(ctx, gaps, L, budget, settings.prefetch_distance, settings.release_distance)
+        if all(g.selected for g in gaps):
+            break
+        gaps = [g for g in gaps if g.selected]
+    status = "feasible"
+    initial = initial_hbm_bytes(ctx.graph)
+    if initial > budget:
+        status = "infeasible"
+        notes.append(
+            f"{initial} B start on HBM and are still needed, over the budget of {budget} B: no plan can fit "
+            "(none of it can leave HBM at time 0)"
+        )
+    elif over:
+        status = "infeasible"
+        op = ctx.ops[worst]
+        ws = ctx.graph.working_set(op)
+        if ws > budget:
+            notes.append(
+                f"op {op.name!r} needs {ws} B on HBM while it runs (its inputs, outputs and workspace), over the "
+                f"budget of {budget} B: no plan can fit (largest single-op working set)"
+            )
+        else:
+            notes.append(
+                f"op {op.name!r}: at least {int(L[worst])} B must stay on HBM, over the budget of {budget} B, "
+                "because the remote tiers have no room for the rest"
+            )
+    plan = emit(ctx, gaps, name)
+    options = dict(settings.as_dict(), order=ctx.order_name)
+    stats = {
+        "gaps_offloaded": len(gaps),
+        "stores": sum(1 for g in gaps if g.needs_store),
+        "prefetches": sum(1 for g in gaps if g.u < ctx.n),
+        "estimated_peak_hbm_bytes": int(L.max(initial=0)),
+        "planning_budget_bytes": int(budget),
+    }
+    return replace(plan, options=options, status=status, notes=tuple(notes), stats=stats)
+
+
+def emit(ctx: Context, gaps: list[Gap], name: str = "greedy") -> Plan:
+    """Write the program: per op slot, Detaches, then Prefetches, then the op, then the Stores after it."""
+    n = ctx.n
+    detach_at: dict[int, list[Gap]] = {}
+    fetch_at: dict[int, list[Gap]] = {}
+    store_after: dict[int, list[Gap]] = {}
+    for g in gaps:
+        if not g.pre_absent:
+            detach_at.setdefault(g.r, []).append(g)
+        if g.u < n:
+            fetch_at.setdefault(g.q, []).append(g)
+        if g.needs_store:
+            store_after.setdefault(g.a, []).append(g)
+    pb = ProgramBuilder()
+    store_step: dict[int, int] = {}
+    fetched: dict[tuple[str, int], int] = {}
+    last_cs: int | None = None  # the last compute-stream step
+
+    def stores(a: int, waits: list[int]) -> None:
+        for g in sorted(store_after.get(a, ()), key=lambda g: (g.u, g.tensor)):
+            store_step[id(g)] = pb.store(g.tensor, ctx.store_link[g.store_tier], waits=waits)
+
+    stores(-1, [])
+    for i in range(n):
+        # Detaches that wait for nothing first, so that what they free is free at once.
+        for g in sorted(detach_at.get(i, ()), key=lambda g: (g.needs_store, g.tensor)):
+            waits = [store_step[id(g)]] if g.needs_store else []
+            last_cs = pb.detach(g.tensor, COMPUTE, waits=waits)
+        for g in sorted(fetch_at.get(i, ()), key=lambda g: (g.u, g.tensor)):
+            link = ctx.fetch_link[g.fetch_tier]
+            fetched[(g.tensor, g.u)] = pb.prefetch(g.tensor, link, waits=[] if last_cs is None else [last_cs])
+        op = ctx.ops[i]
+        waits = [fetched[(t, i)] for t in op.reads if (t, i) in fetched]
+        last_cs = pb.compute(op.name, waits=waits)
+        stores(i, [last_cs])
+    return pb.build(ctx.graph.name, name)
+
+
+__all__ = ["DEFAULTS", "Settings", "plan_greedy", "plan_with_context", "build_plan", "emit"]

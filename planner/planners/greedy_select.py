@@ -1,0 +1,346 @@
+"""The greedy planner's model of the graph, and its selection of what to offload.
+
+Everything here is sequential and size-based: positions are indices into the compute order, and a tensor is
+"on HBM during op i" when the executor would count it then. The conventions the planner emits (see
+``greedy.py``) make this count an upper bound of the executed HBM occupancy at every instant:
+
+* a Detach placed before op ``r`` (on the compute stream) frees the copy before op ``r`` starts;
+* a Prefetch placed before op ``q`` waits for the last compute-stream step before it, so its HBM copy is
+  allocated no earlier than op ``q``'s slot;
+* the executor frees a tensor that does not outlive the step at the end of its last use.
+
+A *gap* is a stretch of ops during which a tensor is not used: between two uses (``mid``), before the first
+use of a tensor that starts on HBM (``head``), after the last use of a tensor that outlives the step
+(``tail``), or the whole step for a tensor no op uses. Offloading a gap removes the tensor from HBM for ops
+``r .. q-1`` with ``a < r < q <= u``, where ``a`` is the use before the gap (-1 for none) and ``u`` the use after
+it (``n`` for none). A tensor that starts on a remote tier has a mandatory gap before its first use.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.cost import op_durations_ns, transfer_duration_ns
+from planner.graph import Graph
+from planner.hardware import HBM, Hardware
+from planner.planners.ordering import best_no_offload_order, graph_order
+
+
+@dataclass
+class Gap:
+    tensor: str
+    bytes: int
+    a: int  # the use before the gap (-1: none, the tensor exists before the step)
+    u: int  # the use after the gap (n: none)
+    pre_absent: bool = False  # starts on a remote tier: nothing to store or detach, only to prefetch
+    droppable: bool = False  # never used and not needed after the step: a Detach with no Store frees it
+    mandatory: bool = False
+    score: float = 0.0  # bytes x the gap's compute time
+    stall: int = 0  # estimated stall if offloaded alone: store + fetch time beyond the gap's compute time
+    selected: bool = False
+    # Resolved after selection.
+    needs_store: bool = False
+    store_tier: str | None = None
+    fetch_tier: str | None = None
+    # Placement: the tensor is off HBM for ops r .. q-1.
+    r: int = 0
+    q: int = 0
+
+    @property
+    def lo(self) -> int:
+        """The first op the tensor can be off HBM."""
+        return 0 if self.pre_absent else self.a + 1
+
+    @property
+    def hi(self) -> int:
+        """One past the last op the tensor can be off HBM."""
+        return self.u
+
+
+class Context:
+    """What every greedy run on one graph and one hardware shares: order, times, uses, gaps, baseline."""
+
+    def __init__(self, graph: Graph, hw: Hardware, order: str = "auto") -> None:
+        self.graph, self.hw = graph, hw
+        self.order = best_no_offload_order(graph) if order == "auto" else graph_order(graph)
+        self.order_name = order
+        n = self.n = len(self.order)
+        self.ops = [graph.op(name) for name in self.order]
+        durations = op_durations_ns(graph, hw)
+        self.dur = np.array([durations[name] for name in self.order], dtype=np.int64)
+        starts = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(self.dur, out=starts[1:])
+        self.S = starts  # S[i]: op i's start with no stall; S[n]: the compute total
+        self.S_list = starts[:n].tolist()
+        # Remote tiers, fastest round trip first.
+        self.tiers = sorted(
+            (t.name for t in hw.remote_tiers),
+            key=lambda name: (1 / hw.store_link(name).bandwidth_Bps + 1 / hw.fetch_link(name).bandwidth_Bps, name),
+        )
+        self.store_link = {t: hw.store_link(t).name for t in self.tiers}  # tier -> link name
+        self.fetch_link = {t: hw.fetch_link(t).name for t in self.tiers}
+        self._links = {ln.name: ln for ln in hw.links}
+        self._ns: dict[tuple[int, str], int] = {}
+        acc: dict[str, list[int]] = {t: [] for t in graph.tensors}
+        upd: dict[str, list[int]] = {t: [] for t in graph.tensors}
+        ws = np.zeros(n, dtype=np.int64)
+        for i, op in enumerate(self.ops):
+            for t in dict.fromkeys(op.reads + op.outputs):
+                acc[t].append(i)
+            for t in op.updates:
+                upd[t].append(i)
+            ws[i] = op.workspace_bytes
+        self.acc, self.upd = acc, upd
+        self.workspace = ws
+        self.base = self._baseline()
+        self.gaps = self._gaps()
+
+    # -- times
+    def end_of(self, a: int) -> int:
+        """When op ``a`` ends with no stall (0 for a = -1, the start of the step)."""
+        return 0 if a < 0 else int(self.S[a + 1])
+
+    def start_of(self, u: int) -> int:
+        return int(self.S[min(u, self.n)])
+
+    def transfer_ns(self, nbytes: int, link: str) -> int:
+        key = (nbytes, link)
+        ns = self._ns.get(key)
+        if ns is None:
+            ns = self._ns[key] = transfer_duration_ns(nbytes, self._links[link])
+        return ns
+
+    def store_ns(self, nbytes: int, tier: str | None = None) -> int:
+        return self.transfer_ns(nbytes, self.store_link[tier or self.tiers[0]]) if self.tiers else 0
+
+    def fetch_ns(self, nbytes: int, tier: str | None = None) -> int:
+        return self.transfer_ns(nbytes, self.fetch_link[tier or self.tiers[0]]) if self.tiers else 0
+
+    # -- the no-offload count
+    def _span(self, t: str) -> tuple[int, int] | None:
+        """Ops [first, last] during which ``t`` is on HBM when nothing is offloaded (None: never)."""
+        g, n = self.graph, self.n
+        tensor = g.tensors[t]
+        uses = self.acc[t]
+        if t in g.producer:
+            return (uses[0], n - 1 if tensor.persistent else uses[-1])
+        if tensor.home != HBM and not uses:
+            return None
+        last = n - 1 if (tensor.persistent or not uses) else uses[-1]
+        return (0, last)
+
+    def _baseline(self) -> np.ndarray:
+        diff = np.zeros(self.n + 1, dtype=np.int64)
+        for t, tensor in self.graph.tensors.items():
+            span = self._span(t)
+            if span is not None:
+                diff[span[0]] += tensor.bytes
+                diff[span[1] + 1] -= tensor.bytes
+        return np.cumsum(diff[:-1]) + self.workspace
+
+    # -- gaps
+    def _gaps(self) -> list[Gap]:
+        g, n = self.graph, self.n
+        out: list[Gap] = []
+        for t, tensor in g.tensors.items():
+            b = tensor.bytes
+            uses = self.acc[t]
+            if t not in g.producer:
+                if tensor.home != HBM:
+                    if uses:
+                        out.append(Gap(t, b, -1, uses[0], pre_absent=True, mandatory=True))
+                elif not uses:
+                    out.append(Gap(t, b, -1, n, droppable=not tensor.persistent, mandatory=not tensor.persistent))
+                elif uses[0] >= 1:
+                    out.append(Gap(t, b, -1, uses[0]))
+            for a, u in zip(uses, uses[1:]):
+                if u - a >= 2:
+                    out.append(Gap(t, b, a, u))
+            if uses and tensor.persistent and uses[-1] <= n - 2:
+                out.append(Gap(t, b, uses[-1], n))
+        for gap in out:
+            window = self.start_of(gap.u) - self.end_of(gap.a)
+            gap.score = float(gap.bytes) * float(window)
+            gap.stall = max(0, self.transfer_cost(gap) - window)
+        return out
+
+    def has_home_copy(self, gap: Gap) -> bool:
+        """Whether the tensor's home copy on a remote tier is still valid at the start of the gap."""
+        t = self.graph.tensors[gap.tensor]
+        if gap.tensor in self.graph.producer or t.home == HBM:
+            return False
+        ups = self.upd[gap.tensor]
+        return not ups or ups[0] > gap.a
+
+    def transfer_cost(self, gap: Gap) -> int:
+        """Store (unless a valid home copy exists) plus fetch time of the gap on the fastest tier, in ns."""
+        if not self.tiers or gap.droppable:
+            return 0
+        store = 0 if (gap.pre_absent or self.has_home_copy(gap)) else self.store_ns(gap.bytes)
+        return store + (self.fetch_ns(gap.bytes) if gap.u < self.n else 0)
+
+
+class LinkCalendar:
+    """How much transfer time each link has left in each op's time slot (the op's duration x channels).
+
+    Selection books a gap's Store from the front of its window and its Prefetch from the back, and estimates a
+    gap's stall as what does not fit: a coarse model of link contention, so that the distance rule and the budget
+    do not pick more transfers than the links can hide. (The refinement then places the cache ops with a finer
+    schedule.)
+    """
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.free = {ln.name: ctx.dur * ln.channels for ln in ctx.hw.links}
+
+    def links(self, gap: Gap) -> tuple[str | None, int, str | None, int]:
+        """(store link, store ns, fetch link, fetch ns) the gap would use, on the fastest tier."""
+        ctx = self.ctx
+        if not ctx.tiers or gap.droppable:
+            return None, 0, None, 0
+        store = fetch = None
+        ts = tf = 0
+        if not gap.pre_absent and not ctx.has_home_copy(gap):
+            store = ctx.store_link[ctx.tiers[0]]
+            ts = ctx.transfer_ns(gap.bytes, store)
+        if gap.u < ctx.n:
+            home = ctx.graph.tensors[gap.tensor].home
+            tier = home if store is None and home != HBM else ctx.tiers[0]
+            fetch = ctx.fetch_link[tier]
+            tf = ctx.transfer_ns(gap.bytes, fetch)
+        return store, ts, fetch, tf
+
+    def stall(self, gap: Gap) -> int:
+        store, ts, fetch, tf = self.links(gap)
+        lo, hi = gap.lo, min(gap.u, self.ctx.n)
+        short = 0
+        if store is not None:
+            short += max(0, ts - int(self.free[store][lo:hi].sum()))
+        if fetch is not None:
+            short += max(0, tf - int(self.free[fetch][lo:hi].sum()))
+        return max(gap.stall, short)
+
+    def book(self, gap: Gap) -> None:
+        store, ts, fetch, tf = self.links(gap)
+        lo, hi = gap.lo, min(gap.u, self.ctx.n)
+        if store is not None:
+            self._take(self.free[store][lo:hi], ts)
+        if fetch is not None:
+            self._take(self.free[fetch][lo:hi][::-1], tf)
+
+    @staticmethod
+    def _take(free: np.ndarray, need: int) -> None:
+        """Use ``need`` ns of ``free`` (a view), first slots first."""
+        if need <= 0 or len(free) == 0:
+            return
+        c = np.cumsum(free)
+        k = int(np.searchsorted(c, need))
+        if k >= len(free):
+            free[:] = 0
+            return
+        left = int(c[k]) - need
+        free[:k] = 0
+        free[k] = left
+
+
+def _cover(L: np.ndarray, lo: int, hi: int, b: int) -> None:
+    """The tensor of ``b`` bytes leaves HBM for ops lo .. hi-1."""
+    if hi > lo:
+        L[lo:hi] -= b
+
+
+def select_gaps(
+    ctx: Context, budget: int, select_distance: int, select_num: int, prefetch_distance: int, release_distance: int
+) -> tuple[list[Gap], np.ndarray, int | None]:
+    """Choose the gaps to offload; return (selected gaps, HBM count per op with each at its widest, first op
+    still over ``budget`` or None).
+
+    1. mandatory gaps (tensors that start remote; unused tensors that can simply be dropped);
+    2. the distance rule: gaps at least ``select_distance`` ops long whose store and fetch fit in the gap's
+       compute time and in what the links have left (``LinkCalendar``), the ``select_num`` largest by
+       bytes x gap time;
+    3. the budget: sweeping the ops in order, while an op is over budget, the gap covering it whose transfers
+       the cost model says stall least (none, when store and fetch fit in the gap's compute time and in the
+       links' remaining time), then the
+       largest bytes x gap time, counted with its nominal placement (detach ``release_distance`` ops after the
+       use, prefetch ``prefetch_distance`` ops before the next);
+    4. if an op is still over, every gap counted at its widest (detach right after the use, prefetch right
+       before the next), and more gaps by the same rule.
+    """
+    for gap in ctx.gaps:
+        gap.selected = gap.mandatory
+    pd, rd = max(0, prefetch_distance), max(1, release_distance)
+
+    def nominal(gap: Gap) -> tuple[int, int]:
+        lo = 0 if gap.pre_absent else (gap.lo if gap.droppable else max(gap.lo, gap.a + rd))
+        hi = gap.u if gap.u >= ctx.n else max(lo, gap.u - pd)
+        return lo, hi
+
+    cal = LinkCalendar(ctx)
+    for gap in ctx.gaps:
+        if gap.selected:
+            cal.book(gap)
+    if select_num > 0 and ctx.tiers:
+        pool = [gap for gap in ctx.gaps
+                if not gap.selected and gap.stall == 0 and gap.u - gap.a >= max(2, select_distance)]
+        pool.sort(key=lambda g: (-g.score, g.tensor, g.a))
+        taken = 0
+        for gap in pool:
+            if taken >= select_num:
+                break
+            if cal.stall(gap) == 0:
+                gap.selected = True
+                cal.book(gap)
+                taken += 1
+
+    def sweep(L: np.ndarray, rng) -> int | None:
+        cands = sorted(
+            ((lo, hi, k) for k, gap in enumerate(ctx.gaps) if not gap.selected for lo, hi in [rng(gap)] if hi > lo),
+        )
+        heap: list[tuple[int, float, str, int, int, int]] = []
+        j = 0
+        first_over = None
+        for i in range(ctx.n):
+            if L[i] <= budget:
+                continue
+            while j < len(cands) and cands[j][0] <= i:
+                lo, hi, k = cands[j]
+                gap = ctx.gaps[k]
+                heapq.heappush(heap, (gap.stall, -gap.score, gap.tensor, gap.a, k, hi))
+                j += 1
+            while L[i] > budget and heap:
+                st, sc, t, a, k, hi = heapq.heappop(heap)
+                if hi <= i:
+                    continue
+                gap = ctx.gaps[k]
+                now = cal.stall(gap)
+                if now > st and heap and (now, sc) > heap[0][:2]:
+                    heapq.heappush(heap, (now, sc, t, a, k, hi))  # the links got busier: look again later
+                    continue
+                gap.selected = True
+                cal.book(gap)
+                lo, hi = rng(gap)
+                _cover(L, lo, hi, gap.bytes)
+            if L[i] > budget and first_over is None:
+                first_over = i
+        return first_over
+
+    L = ctx.base.copy()
+    for gap in ctx.gaps:
+        if gap.selected:
+            _cover(L, *nominal(gap), gap.bytes)
+    over = sweep(L, nominal)
+    widest = lambda gap: (gap.lo, gap.hi)  # noqa: E731
+    L = ctx.base.copy()
+    for gap in ctx.gaps:
+        if gap.selected:
+            _cover(L, gap.lo, gap.hi, gap.bytes)
+    if over is not None:
+        over = sweep(L, widest)
+    return [gap for gap in ctx.gaps if gap.selected], L, over
+
+
+__all__ = ["Context", "Gap", "select_gaps"]

@@ -1,0 +1,100 @@
+"""``greedy-sweep``: the greedy planner at its best over a grid of its four settings.
+
+Each point of the grid is planned (sharing one prepared Context) and timed by the executor; a point that gives
+the same program as an earlier one is not run again. The best valid plan wins: lowest makespan, then lowest HBM
+peak, then the earliest point of the grid. The best two and the defaults are planned again with static offsets
+(which may replan against a lower budget) and the best of those is returned; its settings are recorded in
+``Plan.options`` (with the sweep's counts in ``Plan.stats``), so reports compare against greedy at its best
+rather than at an arbitrary default.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+from planner.bounds import hbm_floor
+from planner.executor import simulate
+from planner.graph import Graph
+from planner.hardware import HBM, Hardware
+from planner.plan import Plan
+from planner.planners.greedy import DEFAULTS, Settings, _flag, build_plan, plan_with_context
+from planner.planners.greedy_select import Context
+
+FINALISTS = 2
+
+# 13 points with the defaults (select_distance does not matter when select_num is 0); a point whose program is
+# the same as an earlier point's is not run again.
+DEFAULT_GRID: dict[str, tuple[int, ...]] = {
+    "select_distance": (4, 16),
+    "select_num": (0, 256),
+    "prefetch_distance": (1, 4),
+    "release_distance": (1, 4),
+}
+
+
+def grid_points(grid: dict[str, tuple[int, ...]] | None = None) -> list[Settings]:
+    """The distinct Settings of ``grid`` (missing keys take the default), the defaults first."""
+    grid = dict(DEFAULT_GRID if grid is None else grid)
+    keys = ("select_distance", "select_num", "prefetch_distance", "release_distance")
+    values = [tuple(grid.get(k, (DEFAULTS[k],))) for k in keys]
+    out: list[Settings] = [Settings()]
+    seen = {(Settings().select_distance if Settings().select_num else 0,) + tuple(Settings().as_dict().values())[1:]}
+    for combo in itertools.product(*values):
+        s = Settings(*(int(v) for v in combo))
+        key = (s.select_distance if s.select_num else 0, s.select_num, s.prefetch_distance, s.release_distance)
+        if key not in seen:
+            seen.add(key)
+            out.append(s)
+    return out
+
+
+def plan_greedy_sweep(
+    graph: Graph, hw: Hardware, grid: dict | None = None, order: str = "auto", offsets: bool = True,
+    finalists: int = FINALISTS,
+) -> Plan:
+    """Return the best valid greedy plan over ``grid`` (see the module doc); the defaults' plan when none is.
+
+    The points are ranked by their makespan without static offsets; the best ``finalists`` of them and the
+    defaults are then planned in full (static offsets may lower the planning budget, see ``greedy.py``) and the
+    best of those wins, so the sweep is never worse than ``greedy`` with its defaults.
+    """
+    ctx = Context(graph, hw, order)
+    points = grid_points(grid)
+    if hw.hbm_bytes < hbm_floor(graph)[0]:
+        plan = plan_with_context(ctx, points[0], offsets=False, name="greedy-sweep")  # infeasible, with the note
+        return replace(plan, options=dict(plan.options, sweep=True))
+    ranked: list[tuple] = []
+    seen: set = set()
+    for k, s in enumerate(points):
+        plan = build_plan(ctx, s, hw.hbm_bytes, "greedy-sweep")
+        if plan.steps in seen:
+            continue
+        seen.add(plan.steps)
+        tl = simulate(graph, hw, plan, allocator=False)
+        if plan.status != "feasible" or not tl.valid:
+            continue
+        ranked.append((tl.metrics.makespan_ns, tl.metrics.peak_bytes[HBM], k))
+    ranked.sort()
+    chosen = [k for *_, k in ranked[: max(1, int(finalists))]]
+    offsets = _flag(offsets)
+    if not offsets:
+        chosen = chosen[:1]
+    elif 0 not in chosen and any(k == 0 for *_, k in ranked):
+        chosen.append(0)
+    best: tuple | None = None
+    for k in chosen or [0]:
+        plan = plan_with_context(ctx, points[k], offsets=offsets, name="greedy-sweep")
+        tl = simulate(graph, hw, plan)
+        key = (not tl.valid, tl.metrics.makespan_ns, tl.metrics.peak_bytes.get(HBM, 0), k)
+        if best is None or key < best[0]:
+            best = (key, plan)
+    plan = best[1]
+    options = dict(plan.options, sweep=True)
+    stats = dict(plan.stats, sweep_points=len(points), sweep_distinct_plans=len(seen), sweep_valid=len(ranked),
+                 sweep_finalists=len(chosen),
+                 sweep_grid={k: list(v) for k, v in (DEFAULT_GRID if grid is None else grid).items()})
+    return replace(plan, options=options, stats=stats)
+
+
+__all__ = ["DEFAULT_GRID", "grid_points", "plan_greedy_sweep"]

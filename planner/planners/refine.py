@@ -1,0 +1,165 @@
+"""The greedy planner's execution-order refinement: where each selected gap's Store, Detach and Prefetch go.
+
+Every gap starts at its widest (Detach right after the use before it, Prefetch right before the use after it:
+the least HBM, the most stall). Then, in the order of the gaps, each cache op is moved over its feasible
+positions to where the cost model says the stall is lowest, and among those to the one that holds the least
+memory, without letting the HBM count of any op exceed the budget:
+
+* a Store starts when the use before the gap ends and its link is free (links are modelled as FIFO queues of
+  their channels, stores as soon as possible in order of their gaps); the Detach waits for it on the compute
+  stream, so the Detach goes to the first op that starts after the Store is estimated to end, and at least
+  ``release_distance`` ops after the use;
+* Prefetches are scheduled as late as possible on their link, backwards from their deadlines (the start of the
+  op that needs the tensor), so that each one ends in time if the links allow; the Prefetch goes to the last op
+  that starts before that latest start, and at least ``prefetch_distance`` ops before the use;
+* a position that would put an op over the budget is not taken: the cache op stops at the last position that
+  fits, and the plan stalls there instead;
+* a gap whose Store and Prefetch cannot both be hidden and that the budget does not need is given up (the
+  tensor stays on HBM).
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+
+from planner.planners.greedy_select import Context, Gap
+
+
+def resolve_copies(ctx: Context, gaps: list[Gap]) -> list[str]:
+    """Decide, per gap, whether it needs a Store, and which tier stores and fetches it.
+
+    A remote copy is valid until the next in-place update: the home copy of a tensor that starts on a remote
+    tier, or the copy an earlier gap stored. A gap stores only when no valid copy exists and the tensor is still
+    needed. The Store goes to the fastest remote tier with room (room is counted without frees, so it is never
+    overcommitted). Returns notes on gaps given up because no remote tier had room (they are unselected).
+    """
+    notes: list[str] = []
+    g, hw = ctx.graph, ctx.hw
+    used = {t: 0 for t in ctx.tiers}
+    for t in g.tensors.values():
+        if t.name not in g.producer and t.home in used:
+            used[t.home] += t.bytes
+    holds: dict[str, set[str]] = {}
+    by_tensor: dict[str, list[Gap]] = {}
+    for gap in gaps:
+        by_tensor.setdefault(gap.tensor, []).append(gap)
+    for t, tgaps in by_tensor.items():
+        tensor = g.tensors[t]
+        tgaps.sort(key=lambda x: x.a)
+        valid: set[str] = {tensor.home} if (t not in g.producer and tensor.home != "hbm") else set()
+        cursor = -1
+        updates = ctx.upd[t]
+        for gap in tgaps:
+            i = bisect.bisect_right(updates, cursor)
+            if i < len(updates) and updates[i] <= gap.a:
+                valid = set()
+            cursor = max(cursor, gap.a)
+            gap.needs_store = False
+            gap.store_tier = None
+            if not gap.pre_absent and not gap.droppable and not valid:
+                tier = next(
+                    (x for x in ctx.tiers
+                     if x in holds.get(t, set()) or used[x] + gap.bytes <= hw.tier(x).capacity_bytes),
+                    None,
+                )
+                if tier is None:
+                    gap.selected = False
+                    notes.append(f"tensor {t!r} stays on HBM for ops {gap.a + 1}..{gap.u - 1}: no remote tier has "
+                                 f"room for its {gap.bytes} B")
+                    continue
+                if tier not in holds.setdefault(t, set()):
+                    holds[t].add(tier)
+                    used[tier] += gap.bytes
+                gap.needs_store, gap.store_tier = True, tier
+                valid = {tier}
+            gap.fetch_tier = min(valid, key=ctx.tiers.index) if (valid and gap.u < ctx.n) else None
+    return notes
+
+
+def _store_ends(ctx: Context, gaps: list[Gap]) -> dict[int, int]:
+    """Estimated end of each gap's Store: as soon as possible, FIFO per link, in order of the gaps."""
+    free = {ln.name: [0] * ln.channels for ln in ctx.hw.links}
+    out: dict[int, int] = {}
+    for k in sorted((k for k, gp in enumerate(gaps) if gp.needs_store), key=lambda k: (gaps[k].a, gaps[k].u)):
+        gap = gaps[k]
+        link = ctx.store_link[gap.store_tier]
+        ch = free[link]
+        c = min(range(len(ch)), key=ch.__getitem__)
+        start = max(ctx.end_of(gap.a), ch[c])
+        ch[c] = start + ctx.transfer_ns(gap.bytes, link)
+        out[k] = ch[c]
+    return out
+
+
+def _fetch_latest_starts(ctx: Context, gaps: list[Gap]) -> dict[int, int]:
+    """Latest start of each gap's Prefetch that still ends by its deadline, scheduled backwards per link."""
+    nxt = {ln.name: [np.iinfo(np.int64).max] * ln.channels for ln in ctx.hw.links}
+    out: dict[int, int] = {}
+    order = sorted((k for k, gp in enumerate(gaps) if gp.u < ctx.n and gp.fetch_tier),
+                   key=lambda k: (-gaps[k].u, gaps[k].tensor))
+    for k in order:
+        gap = gaps[k]
+        link = ctx.fetch_link[gap.fetch_tier]
+        ch = nxt[link]
+        c = max(range(len(ch)), key=ch.__getitem__)
+        end = min(ctx.start_of(gap.u), ch[c])
+        start = end - ctx.transfer_ns(gap.bytes, link)
+        ch[c] = start
+        out[k] = start
+    return out
+
+
+def place(ctx: Context, gaps: list[Gap], L: np.ndarray, budget: int, prefetch_distance: int,
+          release_distance: int) -> None:
+    """Set every selected gap's ``r`` and ``q`` (see the module doc); ``L`` is updated in place.
+
+    On entry every gap in ``gaps`` is counted in ``L`` at its widest.
+    """
+    pd, rd = max(0, prefetch_distance), max(1, release_distance)
+    store_end = _store_ends(ctx, gaps)
+    latest = _fetch_latest_starts(ctx, gaps)
+    S = ctx.S_list
+    n = ctx.n
+    for k in sorted(range(len(gaps)), key=lambda k: (gaps[k].a, gaps[k].u, gaps[k].tensor)):
+        gap = gaps[k]
+        b = gap.bytes
+        lo, u = gap.lo, gap.u
+        # Detach: as early as the Store allows without stalling, not before release_distance ops after the use.
+        r = lo
+        if gap.needs_store:
+            want = max(gap.a + rd, bisect.bisect_left(S, store_end[k]))
+            cap = u - 1 if u < n else n - 1
+            hidden = want <= cap
+            want = min(want, cap)
+            if want > lo:
+                over = np.flatnonzero(L[lo:want] + b > budget)
+                r = lo + int(over[0]) if len(over) else want
+        else:
+            hidden = True
+        # Prefetch: as late as its link allows it to end in time, at least prefetch_distance ops before the use.
+        q = u
+        if u < n:
+            first = 0 if gap.pre_absent else r + 1
+            ls = latest.get(k)
+            q_hide = bisect.bisect_right(S, ls) - 1 if ls is not None and ls >= 0 else 0
+            want = max(first, min(u - pd, q_hide))
+            hidden = hidden and ls is not None and ls >= S[first]
+            if want < u:
+                over = np.flatnonzero(L[want:u] + b > budget)
+                q = want + int(over[-1]) + 1 if len(over) else want
+        if not hidden and not gap.mandatory and not gap.pre_absent:
+            # Cannot hide both transfers: keep the tensor on HBM if the budget allows.
+            if int(L[r:q].max(initial=0)) + b <= budget:
+                L[lo:u] += b
+                gap.selected = False
+                continue
+        if r > lo:
+            L[lo:r] += b
+        if q < u:
+            L[q:u] += b
+        gap.r, gap.q = r, q
+
+
+__all__ = ["place", "resolve_copies"]

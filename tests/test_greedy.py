@@ -1,0 +1,188 @@
+"""The greedy planner and its settings sweep: plans validate on every graph at 50%..100% of the no-offload peak,
+beat the reactive runtime where it stalls, respect tiers and in-place updates, and say when they cannot fit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from conftest import GRAPHS, simple_hardware
+
+from planner import api
+from planner.bounds import hbm_floor, largest_working_set
+from planner.cli import main
+from planner.executor import simulate
+from planner.graph import Graph, Op, Tensor, TensorKind
+from planner.hardware import HBM
+from planner.plan import StepKind
+from planner.planners.greedy import DEFAULTS, plan_greedy
+from planner.planners.greedy_sweep import grid_points, plan_greedy_sweep
+from planner.planners.reactive import plan_reactive
+
+GRAPH_FILES = sorted(GRAPHS.glob("*.json"))
+
+
+def hardware_for(g: Graph) -> str:
+    """ascend-910c unless a tensor starts on the pool, which only cloudmatrix384 has."""
+    homes = {t.home for t in g.tensors.values()}
+    return "cloudmatrix384" if "pool" in homes else "ascend-910c"
+
+
+_CACHE: dict = {}
+
+
+def loaded(path):
+    if path not in _CACHE:
+        g = api.load_graph(path)
+        name = hardware_for(g)
+        peak = api.no_offload_reference(g, api.hardware(name)).metrics.peak_bytes[HBM]
+        _CACHE[path] = (g, name, peak)
+    return _CACHE[path]
+
+
+def cases():
+    for path in GRAPH_FILES:
+        small = path.stat().st_size < 100_000
+        for f in (0.5, 0.6, 0.7, 0.8, 0.9, 1.0) if small else (0.5, 0.75, 1.0):
+            yield pytest.param(path, f, id=f"{path.stem}-{f}")
+
+
+@pytest.mark.parametrize("path,fraction", list(cases()))
+def test_greedy_plans_every_graph_at_50_to_100_percent(path, fraction):
+    g, name, peak = loaded(path)
+    hw = api.hardware(name, hbm=str(int(peak * fraction)))
+    plan = plan_greedy(g, hw)
+    tl = simulate(g, hw, plan)
+    if tl.valid:
+        assert plan.status == "feasible"
+        assert tl.metrics.peak_bytes[HBM] <= hw.hbm_bytes
+        return
+    # Only a lower bound can excuse it: the budget is below what any plan needs.
+    floor, why = hbm_floor(g)
+    assert plan.status == "infeasible" and hw.hbm_bytes < floor, (plan.notes, [v.describe() for v in tl.violations])
+    assert "no plan can fit" in " ".join(plan.notes), why
+
+
+@pytest.mark.parametrize("stem", ["transformer_block", "llama3-8b-no2-4layers", "deepseek-v3-paper"])
+def test_greedy_beats_reactive_where_reactive_stalls(stem):
+    path = GRAPHS / f"{stem}.json"
+    if not path.exists():
+        pytest.skip(f"{stem} not generated")
+    g, name, peak = loaded(path)
+    hw = api.hardware(name, hbm=str(int(peak * 0.7)))
+    reactive = simulate(g, hw, plan_reactive(g, hw))
+    greedy = simulate(g, hw, plan_greedy(g, hw))
+    assert reactive.valid and greedy.valid
+    assert reactive.metrics.stall_ns > 0
+    assert greedy.metrics.makespan_ns < reactive.metrics.makespan_ns
+    assert greedy.metrics.stall_ns < reactive.metrics.stall_ns
+
+
+def test_sweep_is_no_worse_than_the_defaults_and_records_its_winner():
+    g, name, peak = loaded(GRAPHS / "transformer_block.json")
+    hw = api.hardware(name, hbm=str(int(peak * 0.6)))
+    default = simulate(g, hw, plan_greedy(g, hw, offsets=False), allocator=False)
+    plan = plan_greedy_sweep(g, hw, offsets=False)
+    best = simulate(g, hw, plan, allocator=False)
+    assert best.valid and best.metrics.makespan_ns <= default.metrics.makespan_ns
+    assert plan.planner == "greedy-sweep" and plan.options["sweep"] is True
+    assert set(DEFAULTS) <= set(plan.options)
+    assert plan.stats["sweep_points"] == len(grid_points()) and plan.stats["sweep_valid"] >= 1
+    # The recorded settings reproduce the plan.
+    settings = {k: plan.options[k] for k in DEFAULTS}
+    again = plan_greedy(g, hw, offsets=False, **settings)
+    assert again.steps == plan.steps
+
+
+def test_grid_points_drop_duplicates():
+    pts = grid_points({"select_distance": (4, 16), "select_num": (0, 8), "prefetch_distance": (1,),
+                       "release_distance": (1,)})
+    keys = {(p.select_distance if p.select_num else 0, p.select_num, p.prefetch_distance, p.release_distance)
+            for p in pts}
+    assert len(keys) == len(pts) == 4  # the defaults, (0), (4, 8), (16, 8)
+
+
+def test_cli_greedy_sweep_flag(tmp_path):
+    out = tmp_path / "tb.json"
+    r = CliRunner().invoke(main, [str(GRAPHS / "transformer_block.json"), "--hbm", "1.5GB", "--greedy-sweep",
+                                  "--json", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["planner"] == "greedy-sweep" and d["valid"] and d["offset_height_bytes"] is not None
+    if d["allocator"] == "static":
+        assert d["defrag_events"] == 0 and d["offset_height_bytes"] <= d["hbm_budget_bytes"]
+    else:  # static offsets needed a lower budget and were slower than the caching allocator: a note says so
+        assert d["allocator"] == "caching" and any("caching allocator" in n for n in d["notes"])
+    r = CliRunner().invoke(main, ["validate", str(out), str(GRAPHS / "transformer_block.json")])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, [str(GRAPHS / "transformer_block.json"), "--hbm", "1.5GB", "--planner", "greedy",
+                                  "-O", "offsets=false", "--no-output"])
+    assert r.exit_code == 0 and "defragmentation events" in r.output and "offset height" in r.output
+
+
+def test_tensors_that_start_remote_are_prefetched_before_first_use():
+    g, name, peak = loaded(GRAPHS / "remote_weights_chain.json")
+    hw = api.hardware(name, hbm=str(int(peak * 0.5)))
+    plan = plan_greedy(g, hw)
+    tl = simulate(g, hw, plan)
+    assert tl.valid
+    pos = {s.target: i for i, s in enumerate(plan.steps) if s.kind is StepKind.COMPUTE}
+    for t in g.tensors.values():
+        if t.home == "pool":
+            first_use = min(pos[u] for u in g.users[t.name])
+            fetches = [i for i, s in enumerate(plan.steps) if s.kind is StepKind.PREFETCH and s.target == t.name]
+            assert fetches and fetches[0] < first_use
+            assert plan.steps[fetches[0]].stream == "p2d"
+            assert fetches[0] in plan.steps[first_use].waits
+
+
+def test_stores_prefer_the_faster_tier_while_it_has_room():
+    g, _, peak = loaded(GRAPHS / "transformer_block.json")
+    hw = api.hardware("cloudmatrix384", hbm=str(int(peak * 0.6)))
+    plan = plan_greedy(g, hw)
+    assert simulate(g, hw, plan).valid
+    stores = {s.stream for s in plan.steps if s.kind is StepKind.STORE}
+    assert stores == {"d2p"}
+    # A pool with no room left: stores go to the host.
+    full = api.hardware("cloudmatrix384", hbm=str(int(peak * 0.6)), tier_capacity={"pool": "1KB"})
+    plan = plan_greedy(g, full)
+    assert simulate(g, full, plan).valid
+    assert {s.stream for s in plan.steps if s.kind is StepKind.STORE} == {"d2h"}
+
+
+def update_graph() -> Graph:
+    """w (300 B) is read by op0, updated in place by op4 and read again by op8; the 200-byte activations in
+    between leave no room for w at a 550-byte budget, so w must leave HBM in both gaps."""
+    us = 1e-6
+    sizes = [200, 200, 200, 200, 10, 200, 200, 200, 10]
+    t = [Tensor("x", 10, TensorKind.INPUT), Tensor("w", 300, TensorKind.WEIGHT)]
+    ops = []
+    for i, size in enumerate(sizes):
+        t.append(Tensor(f"a{i}", size, TensorKind.OUTPUT if i == 8 else TensorKind.ACTIVATION))
+        inputs = ("x", "w") if i == 0 else (f"a{i - 1}",) + (("w",) if i == 8 else ())
+        ops.append(Op(f"op{i}", "F", inputs, (f"a{i}",), ("w",) if i == 4 else (), duration_s=us))
+    return Graph.build("upd", t, ops)
+
+
+def test_a_copy_made_before_an_in_place_update_is_stored_again():
+    g = update_graph()
+    hw = simple_hardware(hbm=550)
+    plan = plan_greedy(g, hw, select_num=0)
+    tl = simulate(g, hw, plan)
+    assert tl.valid, [v.describe() for v in tl.violations]
+    pos = {s.target: i for i, s in enumerate(plan.steps) if s.kind is StepKind.COMPUTE}
+    stores = [i for i, s in enumerate(plan.steps) if s.kind is StepKind.STORE and s.target == "w"]
+    assert any(i < pos["op4"] for i in stores) and any(i > pos["op4"] for i in stores)
+    # The second store comes after the update, and the prefetch before op8 reads that fresh copy.
+    fetch = max(i for i, s in enumerate(plan.steps) if s.kind is StepKind.PREFETCH and s.target == "w")
+    assert max(stores) < fetch < pos["op8"]
+
+
+def test_infeasible_below_the_lower_bound_says_why():
+    g, name, _ = loaded(GRAPHS / "transformer_block.json")
+    lws, op = largest_working_set(g)
+    hw = api.hardware(name, hbm=str(lws - 1))
+    plan = plan_greedy(g, hw)
+    assert plan.status == "infeasible" and op in plan.notes[0] and "no plan can fit" in plan.notes[0]
+    assert plan_greedy_sweep(g, hw).status == "infeasible"

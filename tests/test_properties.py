@@ -1,0 +1,130 @@
+"""Property tests: on random DAGs with random sizes, durations and budgets, every plan of greedy, reactive and
+none validates, or its planner says it is infeasible and the lower bound (or the planner's documented limit)
+explains why."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from conftest import simple_hardware
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from planner.bounds import initial_hbm_bytes, largest_working_set
+from planner.executor import simulate
+from planner.graph import Graph, Op, Tensor, TensorKind
+from planner.hardware import HBM, Hardware, Link, Tier
+from planner.planners.greedy import plan_greedy
+from planner.planners.none import plan_none
+from planner.planners.reactive import plan_reactive
+
+PRE_KINDS = [TensorKind.INPUT, TensorKind.WEIGHT, TensorKind.OPTIMIZER_STATE, TensorKind.KV_CACHE]
+NEW_KINDS = [TensorKind.ACTIVATION, TensorKind.ACTIVATION, TensorKind.GRADIENT, TensorKind.OUTPUT]
+
+
+@st.composite
+def graphs(draw, remote_tiers=("host",), max_ops: int = 10) -> Graph:
+    """A random DAG: a few tensors that exist before the step (some on a remote tier, some updated in place),
+    then ops that read earlier tensors and produce new ones."""
+    tensors: list[Tensor] = []
+    avail: list[str] = []
+    for k in range(draw(st.integers(1, 4))):
+        kind = draw(st.sampled_from(PRE_KINDS))
+        home = draw(st.sampled_from((HBM,) + tuple(remote_tiers)))
+        tensors.append(Tensor(f"p{k}", draw(st.integers(1, 1000)), kind, home=home))
+        avail.append(f"p{k}")
+    updatable = [t.name for t in tensors if t.persistent]
+    ops: list[Op] = []
+    for i in range(draw(st.integers(1, max_ops))):
+        inputs = draw(st.lists(st.sampled_from(avail), min_size=1, max_size=3, unique=True))
+        updates = [t for t in draw(st.lists(st.sampled_from(updatable), max_size=1)) if updatable] if updatable else []
+        updates = [t for t in updates if t not in inputs]
+        outputs = []
+        for j in range(draw(st.integers(0 if updates else 1, 2))):
+            name = f"t{i}_{j}"
+            tensors.append(Tensor(name, draw(st.integers(1, 1000)), draw(st.sampled_from(NEW_KINDS))))
+            outputs.append(name)
+        ops.append(Op(
+            f"op{i}", "F", tuple(inputs), tuple(outputs), tuple(updates),
+            duration_s=draw(st.integers(1, 50)) * 1e-6,
+            workspace_bytes=draw(st.sampled_from([0, 0, 0, 64, 500])),
+        ))
+        avail += outputs
+    return Graph.build("random", tensors, ops)
+
+
+def with_pool(hw: Hardware) -> Hardware:
+    """Add a faster 'pool' tier (2 channels) next to the host."""
+    return replace(
+        hw,
+        tiers=hw.tiers + (Tier("pool", 10**9),),
+        links=hw.links + (Link("d2p", HBM, "pool", 4e9, 0.0, 2), Link("p2d", "pool", HBM, 4e9, 0.0, 2)),
+    )
+
+
+def budgeted(hw: Hardware, budget: int) -> Hardware:
+    return replace(hw, tiers=tuple(Tier(t.name, budget) if t.name == HBM else t for t in hw.tiers))
+
+
+def no_offload_peak(g: Graph, hw: Hardware) -> int:
+    big = budgeted(hw, 10**12)
+    return simulate(g, big, plan_none(g, big)).metrics.peak_bytes[HBM]
+
+
+def check(g: Graph, hw: Hardware) -> None:
+    budget = hw.hbm_bytes
+    lws, _op = largest_working_set(g)
+    for name, fn in (("none", plan_none), ("reactive", plan_reactive), ("greedy", plan_greedy)):
+        plan = fn(g, hw)
+        tl = simulate(g, hw, plan)
+        if tl.valid:
+            if name == "greedy":
+                assert plan.status == "feasible", plan.notes
+            continue
+        why = [v.describe() for v in tl.violations[:5]]
+        assert plan.status == "infeasible", (name, budget, lws, why, plan.notes)
+        assert plan.notes, name
+        if name == "none":
+            # Its documented limit: it never offloads, so its own peak must be over the budget.
+            assert tl.metrics.peak_bytes[HBM] > budget and "never offloads" in plan.notes[0]
+        else:
+            # The lower bound explains it: some op's working set does not fit.
+            assert budget < max(lws, initial_hbm_bytes(g)), (name, budget, lws, why, plan.notes)
+    if budget >= max(lws, initial_hbm_bytes(g)):
+        # Greedy always finds a valid plan when the budget is at least the lower bound and remote room is ample.
+        plan = plan_greedy(g, hw)
+        assert simulate(g, hw, plan).valid and plan.status == "feasible", plan.notes
+
+
+PROPERTY = settings(max_examples=60, deadline=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@PROPERTY
+@given(graphs(), st.floats(0.3, 1.3), st.sampled_from([0.0, 200e-9]), st.sampled_from([1, 2]),
+       st.sampled_from([1e9, 1e7]))
+def test_plans_validate_or_are_explained(g, fraction, latency, channels, bandwidth):
+    # At 1e7 B/s a 1000-byte transfer takes 100 us, longer than any op: transfers then stall the plan.
+    hw = simple_hardware(latency=latency, channels=channels, bw=bandwidth)
+    hw = budgeted(hw, max(1, int(no_offload_peak(g, hw) * fraction)))
+    check(g, hw)
+
+
+@PROPERTY
+@given(graphs(remote_tiers=("host", "pool")), st.floats(0.3, 1.1))
+def test_plans_validate_or_are_explained_with_two_remote_tiers(g, fraction):
+    hw = with_pool(simple_hardware())
+    hw = budgeted(hw, max(1, int(no_offload_peak(g, hw) * fraction)))
+    check(g, hw)
+
+
+@PROPERTY
+@given(graphs(), st.integers(0, 3), st.integers(0, 6), st.integers(0, 4), st.integers(1, 4))
+def test_greedy_settings_never_break_validity(g, select_distance, select_num, prefetch_distance, release_distance):
+    hw = simple_hardware()
+    lws, _ = largest_working_set(g)
+    hw = budgeted(hw, max(lws, initial_hbm_bytes(g), int(no_offload_peak(g, hw) * 0.6)))
+    plan = plan_greedy(g, hw, select_distance=select_distance, select_num=select_num,
+                       prefetch_distance=prefetch_distance, release_distance=release_distance)
+    tl = simulate(g, hw, plan)
+    assert tl.valid and plan.status == "feasible", ([v.describe() for v in tl.violations[:5]], plan.notes)
