@@ -1,0 +1,310 @@
+"""The report folder: ``report.md`` (tables and plots), ``comparison.json`` / ``comparison.csv`` (the same rows
+in machine units), sweep data (``sweep-<kind>.json`` / ``.csv``), PNG plots, the Perfetto trace of every plan,
+and the schedule file of every valid plan.
+
+The Markdown table is built from the very rows written to JSON and CSV, with the formatters below, so the three
+always agree.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+from planner.fileio import write_atomic
+from planner.report import plots
+from planner.report.compare import INVALID, VALID, Comparison
+from planner.report.trace import TraceRun, write_trace
+from planner.units import format_bytes, format_time_us
+
+# -- formatting, shared by the Markdown tables and the tests ----------------------------------------------------
+
+
+def fmt_bytes(v) -> str:
+    return "–" if v is None else format_bytes(v)
+
+
+def fmt_time(v) -> str:
+    return "–" if v is None else format_time_us(v)
+
+
+def fmt_pct(v) -> str:
+    return "–" if v is None else f"{100 * v:+.1f}%"
+
+
+def fmt_share(v) -> str:
+    return "–" if v is None else f"{100 * v:.0f}%"
+
+
+def fmt_int(v) -> str:
+    return "–" if v is None else str(int(v))
+
+
+def fmt_seconds(v) -> str:
+    return "–" if v is None else f"{v:.2f} s"
+
+
+def fmt_status(row: dict) -> str:
+    if row["status"] == INVALID:
+        kinds = ", ".join(row["violation_kinds"])
+        return f"**INVALID** ({row['violations']} violations: {kinds})"
+    if row["status"] == VALID:
+        return "valid"
+    return f"**{row['status']}**"
+
+
+def table_columns(link_names: list[str]) -> list[tuple[str, str, object]]:
+    """(csv column, Markdown header, formatter) for the comparison table."""
+    cols: list[tuple[str, str, object]] = [
+        ("planner", "planner", str),
+        ("status", "status", None),  # fmt_status takes the whole row
+        ("peak_hbm_bytes", "peak HBM", fmt_bytes),
+        ("makespan_us", "makespan", fmt_time),
+        ("overhead", "overhead vs no offload", fmt_pct),
+    ]
+    for ln in link_names:
+        cols.append((f"bytes_moved_{ln}", f"moved {ln}", fmt_bytes))
+    cols += [
+        ("stall_us", "compute stall", fmt_time),
+        ("hidden_transfer_share", "transfer hidden", fmt_share),
+        ("defrag_events", "defrag events", fmt_int),
+        ("gap_vs_bound", "gap vs bound", fmt_pct),
+        ("solve_time_s", "solve time", fmt_seconds),
+    ]
+    return cols
+
+
+CSV_EXTRA = ("valid", "violations", "violation_kinds", "plan_status", "hbm_budget_bytes", "makespan_bound_us",
+             "solver_bound_us", "defrag_us", "fragmentation_failures", "allocator", "offset_height_bytes", "notes")
+
+
+def flat_row(row: dict) -> dict:
+    """A comparison row with ``bytes_moved`` spread into ``bytes_moved_<link>`` columns and lists joined."""
+    out = {k: v for k, v in row.items() if k not in ("bytes_moved", "peak_bytes", "first_violations", "options")}
+    for ln, v in row.get("bytes_moved", {}).items():
+        out[f"bytes_moved_{ln}"] = v
+    out["violation_kinds"] = " ".join(row.get("violation_kinds", []))
+    out["notes"] = " | ".join(row.get("notes", []))
+    return out
+
+
+def to_csv(rows: list[dict], columns: list[str]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in columns})
+    return buf.getvalue()
+
+
+def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
+    def esc(s: str) -> str:
+        return str(s).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join("---" for _ in headers) + " |"]
+    lines += ["| " + " | ".join(esc(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def comparison_table(cmp_rows: list[dict], link_names: list[str]) -> tuple[str, list[str]]:
+    """(Markdown table, csv columns) of the comparison rows."""
+    cols = table_columns(link_names)
+    flat = [flat_row(r) for r in cmp_rows]
+    body = []
+    for r, f in zip(cmp_rows, flat):
+        body.append([fmt_status(r) if fmt is None else fmt(f.get(key)) for key, _h, fmt in cols])
+    return markdown_table([h for _k, h, _f in cols], body), [k for k, _h, _f in cols] + list(CSV_EXTRA)
+
+
+# -- sweeps -----------------------------------------------------------------------------------------------------
+
+SWEEP_COLUMNS = {
+    "budget": ["planner", "fraction", "hbm_budget_bytes", "status", "peak_hbm_bytes", "makespan_us", "overhead",
+               "stall_us", "defrag_events", "gap_vs_bound"],
+    "bandwidth": ["planner", "bandwidth_GBps", "hbm_budget_bytes", "status", "peak_hbm_bytes", "makespan_us",
+                  "overhead", "stall_us", "defrag_events", "gap_vs_bound", "no_offload_makespan_us"],
+    "seqlen": ["planner", "seq_len", "fits", "status", "peak_hbm_bytes", "makespan_us", "overhead", "stall_us"],
+}
+SWEEP_FORMAT = {
+    "fraction": lambda v: f"{100 * v:.0f}%", "hbm_budget_bytes": fmt_bytes, "peak_hbm_bytes": fmt_bytes,
+    "makespan_us": fmt_time, "no_offload_makespan_us": fmt_time, "overhead": fmt_pct, "stall_us": fmt_time,
+    "defrag_events": fmt_int, "gap_vs_bound": fmt_pct, "bandwidth_GBps": lambda v: f"{v:g} GB/s",
+    "seq_len": lambda v: f"{v:,}", "fits": lambda v: "yes" if v else "no",
+}
+SWEEP_HEADERS = {
+    "fraction": "budget (share of no-offload peak)", "hbm_budget_bytes": "HBM budget", "peak_hbm_bytes": "peak HBM",
+    "makespan_us": "makespan", "overhead": "overhead vs no offload", "stall_us": "compute stall",
+    "defrag_events": "defrag events", "gap_vs_bound": "gap vs bound", "bandwidth_GBps": "bandwidth",
+    "no_offload_makespan_us": "no-offload makespan", "seq_len": "sequence length",
+}
+
+
+def sweep_table(sweep: dict) -> str:
+    cols = SWEEP_COLUMNS[sweep["kind"]]
+    rows = [[SWEEP_FORMAT.get(c, str)(p.get(c)) if p.get(c) is not None else "–" for c in cols]
+            for p in sweep["points"]]
+    return markdown_table([SWEEP_HEADERS.get(c, c) for c in cols], rows)
+
+
+def sweep_csv(sweep: dict) -> str:
+    cols = SWEEP_COLUMNS[sweep["kind"]] + ["valid", "solve_time_s"]
+    rows = [{**p, "solve_time_s": (p.get("timing") or {}).get("solve_time_s")} for p in sweep["points"]]
+    return to_csv(rows, cols)
+
+
+def longest_table(sweep: dict) -> str:
+    rows = []
+    for n in sweep["planners"]:
+        info = sweep["longest"][n]
+        v = info["seq_len"]
+        seq = "nothing fits" if v is None else (f"≥ {v:,}" if info.get("at_least") else f"{v:,}")
+        rows.append([n, seq, fmt_bytes(info.get("peak_hbm_bytes")), fmt_time(info.get("makespan_us")),
+                     fmt_pct(info.get("overhead")),
+                     "–" if info.get("first_failing") is None else f"{info['first_failing']:,}"])
+    return markdown_table(["planner", "longest sequence that fits", "peak HBM there", "makespan there",
+                           "overhead there", "first length that does not fit"], rows)
+
+
+def write_sweep(out: Path, sweep: dict, plot: bool = True) -> list[Path]:
+    """Write ``sweep-<kind>.json`` / ``.csv`` and its plot into ``out``; return the paths."""
+    kind = sweep["kind"]
+    files = [out / f"sweep-{kind}.json", out / f"sweep-{kind}.csv"]
+    write_atomic(files[0], json.dumps(sweep, indent=1, sort_keys=True) + "\n")
+    write_atomic(files[1], sweep_csv(sweep))
+    if plot:
+        fn = {"budget": plots.tradeoff_plot, "bandwidth": plots.bandwidth_plot, "seqlen": plots.seqlen_plot}[kind]
+        name = {"budget": "tradeoff.png", "bandwidth": "bandwidth.png", "seqlen": "seqlen.png"}[kind]
+        files.append(fn(sweep, out / name))
+    return files
+
+
+def sweep_markdown(sweep: dict) -> str:
+    kind = sweep["kind"]
+    if kind == "budget":
+        shares = ", ".join(f"{f:.0%}" for f in sweep["fractions"])
+        head = (f"## HBM budget sweep\n\nEach planner at budgets of {shares} of the no-offload peak "
+                f"({fmt_bytes(sweep['no_offload_peak_hbm_bytes'])}).\n\n![trade-off](tradeoff.png)")
+    elif kind == "bandwidth":
+        head = (f"## Bandwidth sweep\n\nLinks {', '.join(sweep['links'])} at "
+                f"{', '.join(f'{b:g}' for b in sweep['bandwidths_GBps'])} GB/s, HBM budget "
+                f"{fmt_bytes(sweep['hbm_budget_bytes'])}; overhead is against no offload with unbounded HBM at the "
+                "same bandwidth.\n\n![bandwidth](bandwidth.png)")
+    else:
+        mo = sweep.get("max_overhead")
+        limit = "" if mo is None else f" and at most {mo:.0%} slower than no offload"
+        args = ", ".join(f"{k}={v}" for k, v in sorted(sweep["generator_args"].items()))
+        head = (f"## Longest sequence that fits\n\n`{sweep['generator']}({args})`, {sweep['seq_param']} "
+                f"bisected over {sweep['range'][0]:,}..{sweep['range'][1]:,} in steps of {sweep['step']:,}; "
+                f"fits = a valid plan "
+                f"within {fmt_bytes(sweep['hbm_budget_bytes'])} of HBM{limit}.\n\n"
+                f"{longest_table(sweep)}\n\n![longest sequence](seqlen.png)\n\nEvery probe:")
+    return head + "\n\n" + sweep_table(sweep) + "\n"
+
+
+# -- the report -------------------------------------------------------------------------------------------------
+
+
+def write_report(out_dir: str | Path, cmp: Comparison, sweeps: list[dict] | None = None, command: str | None = None,
+                 trace: bool = True, schedules: bool = True) -> list[Path]:
+    """Write the report folder for ``cmp`` (and any sweeps); return the files written, report.md first."""
+    from planner.schedule import write_schedule
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    files: list[Path] = []
+    links = [ln.name for ln in cmp.hw.links]
+    table, csv_cols = comparison_table(cmp.rows, links)
+    data = cmp.to_dict()
+    data["command"] = command
+    write_atomic(out / "comparison.json", json.dumps(data, indent=1, sort_keys=True) + "\n")
+    write_atomic(out / "comparison.csv", to_csv([flat_row(r) for r in cmp.rows], csv_cols))
+    files += [out / "comparison.json", out / "comparison.csv"]
+    panels = [(name, run.timeline.residencies if run.timeline else (),
+               run.row.get("peak_hbm_bytes")) for name, run in cmp.runs.items()]
+    labelled = [(f"{n} ({cmp.runs[n].row['status']}, makespan {fmt_time(cmp.runs[n].row['makespan_us'])})", res, pk)
+                for n, res, pk in panels]
+    files.append(plots.occupancy_plot(labelled, cmp.hw.hbm_bytes, out / "hbm_occupancy.png",
+                                      title=f"{cmp.graph.name}: HBM occupancy by tensor kind"))
+    traced = [TraceRun(cmp.graph, cmp.hw, r.plan, r.timeline, n) for n, r in cmp.runs.items()
+              if r.plan is not None and r.timeline is not None and r.timeline.steps]
+    if trace and traced:
+        write_trace(out / "trace.json", traced)
+        files.append(out / "trace.json")
+    if schedules:
+        for n, r in cmp.runs.items():
+            if r.plan is not None and r.timeline is not None and r.timeline.valid:
+                p = out / "schedules" / f"{cmp.graph.name}.{n}.schedule.json"
+                write_schedule(p, cmp.graph, cmp.hw, r.plan, r.timeline)
+                files.append(p)
+    sweep_parts = []
+    for sw in sweeps or []:
+        files += write_sweep(out, sw)
+        sweep_parts.append(sweep_markdown(sw))
+    md = report_markdown(cmp, table, sweep_parts, command, [f.relative_to(out) for f in files])
+    write_atomic(out / "report.md", md)
+    return [out / "report.md", *files]
+
+
+def report_markdown(cmp: Comparison, table: str, sweep_parts: list[str], command: str | None,
+                    files: list[Path]) -> str:
+    g, hw = cmp.graph, cmp.hw
+    info = cmp.to_dict()
+    ref = info["no_offload"]
+    b = cmp.bounds
+    links = ", ".join(f"{ln.name} {ln.bandwidth_Bps / 1e9:g} GB/s ×{ln.channels}" for ln in hw.links)
+    lines = [
+        f"# ho-plan report: {g.name} on {hw.name}, HBM budget {fmt_bytes(hw.hbm_bytes)}",
+        "",
+        *([f"Made by `{command}`.", ""] if command else []),
+        f"- graph: {len(g.ops)} ops, {len(g.tensors)} tensors, {fmt_bytes(info['graph']['total_bytes'])} in all"
+        + (f", KV cache {fmt_bytes(info['graph']['kv_cache_bytes'])}" if info["graph"]["kv_cache_bytes"] else ""),
+        f"- hardware: {hw.name}; tiers {', '.join(f'{t.name} {fmt_bytes(t.capacity_bytes)}' for t in hw.tiers)}; "
+        f"links {links}",
+        f"- no offload with unbounded HBM: peak {fmt_bytes(ref['peak_hbm_bytes'])}, makespan "
+        f"{fmt_time(ref['makespan_us'])}",
+        f"- lower bounds: makespan ≥ {fmt_time(b['makespan_us']['value'])} ({b['makespan_us']['reason']}); "
+        f"peak HBM ≥ {fmt_bytes(b['peak_hbm_bytes']['value'])} ({b['peak_hbm_bytes']['reason']})",
+        "",
+        "## Planners side by side",
+        "",
+        "Every plan was run in the timeline executor. *Overhead* is the makespan over no offload with unbounded "
+        "HBM; *gap vs bound* is the makespan over the makespan lower bound; *solve time* is the planner's wall "
+        "time on this machine. Greedy is at the best setting of its sweep.",
+        "",
+        table,
+        "",
+    ]
+    for name, run in cmp.runs.items():
+        r = run.row
+        extra = []
+        if r["status"] == INVALID:
+            extra += [f"  - violation: `{v}`" for v in r["first_violations"]]
+            if r["violations"] > len(r["first_violations"]):
+                extra.append(f"  - ... and {r['violations'] - len(r['first_violations'])} more")
+        extra += [f"  - note: {n}" for n in r["notes"]]
+        if r.get("solver_bound_us") is not None:
+            proved = " (proved optimal for its scaled model)" if r.get("solver_optimal") else ""
+            extra.append(f"  - CP-SAT's own bound on its scaled model: {fmt_time(r['solver_bound_us'])}{proved}")
+        if extra:
+            lines.append(f"- **{name}** ({r['status']}):")
+            lines += extra
+    lines += ["", "## HBM occupancy", "",
+              "Bytes on HBM over time, stacked by tensor kind; the dashed line is the budget.", "",
+              "![HBM occupancy](hbm_occupancy.png)", ""]
+    for part in sweep_parts:
+        lines += [part, ""]
+    lines += ["## Files", ""]
+    desc = {"comparison.json": "the comparison rows, bounds, graph and hardware (machine units)",
+            "comparison.csv": "the comparison rows, one per planner",
+            "trace.json": "Perfetto / Chrome trace of every plan (open in https://ui.perfetto.dev)",
+            "hbm_occupancy.png": "HBM occupancy plot"}
+    for f in files:
+        lines.append(f"- `{f}`" + (f": {desc[str(f)]}" if str(f) in desc else ""))
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["write_report", "write_sweep", "comparison_table", "sweep_table", "flat_row", "to_csv", "fmt_bytes",
+           "fmt_time", "fmt_pct", "fmt_share", "fmt_int", "fmt_seconds", "fmt_status", "table_columns",
+           "sweep_markdown", "longest_table"]
