@@ -23,7 +23,9 @@ class _Memory:
 
     budget: int
     used: int = 0
-    resident: dict[str, int] = field(default_factory=dict)  # tensor -> last-touch counter
+    # tensor -> last-touch counter; kept in least-recently-used order (a touch moves the tensor to the end), so the
+    # victim is the first unprotected entry rather than the minimum of a sort over everything resident.
+    resident: dict[str, int] = field(default_factory=dict)
     touch_step: dict[str, int] = field(default_factory=dict)  # tensor -> step that last touched its HBM copy
     valid_remote: dict[str, set[str]] = field(default_factory=dict)  # tensor -> tiers with a current copy
     remote_used: dict[str, int] = field(default_factory=dict)
@@ -39,7 +41,7 @@ def plan_reactive(graph: Graph, hw: Hardware, lookahead: int = 0) -> Plan:
             uses[t].append(i)
     last_use = {t: max(u + [pos[graph.producer[t]]] if t in graph.producer else u, default=-1) for t, u in uses.items()}
     mem = _Memory(budget=hw.hbm_bytes, remote_used={t.name: 0 for t in hw.remote_tiers})
-    for name, t in graph.tensors.items():
+    for name, t in sorted(graph.tensors.items()):
         mem.valid_remote[name] = set()
         if name in graph.producer:
             continue
@@ -75,15 +77,18 @@ def plan_reactive(graph: Graph, hw: Hardware, lookahead: int = 0) -> Plan:
         return graph.tensors[t].bytes
 
     def still_needed(t: str, i: int) -> bool:
-        return graph.tensors[t].persistent or any(u > i for u in uses[t])
+        return graph.tensors[t].persistent or (bool(uses[t]) and uses[t][-1] > i)
+
+    def touch(t: str) -> None:
+        mem.resident.pop(t, None)
+        mem.resident[t] = clock
 
     def make_room(need: int, protect: set[str], i: int, frees: list[int]) -> bool:
         base = [prev_compute] if prev_compute is not None else []
         while mem.used + need > mem.budget:
-            victims = sorted((c, t) for t, c in mem.resident.items() if t not in protect)
-            if not victims:
+            v = next((t for t in mem.resident if t not in protect), None)
+            if v is None:
                 return False
-            _, v = victims[0]
             waits = base + ([mem.touch_step[v]] if v in mem.touch_step else [])
             if still_needed(v, i) and not mem.valid_remote[v]:
                 tier = next(
@@ -106,7 +111,7 @@ def plan_reactive(graph: Graph, hw: Hardware, lookahead: int = 0) -> Plan:
     def fetch(t: str, waits: list[int]) -> int:
         tier = sorted(mem.valid_remote[t], key=tiers_by_speed.index)[0]
         s = pb.prefetch(t, hw.fetch_link(tier).name, waits=waits)
-        mem.resident[t] = clock
+        touch(t)
         mem.touch_step[t] = s
         mem.used += size(t)
         return s
@@ -125,7 +130,7 @@ def plan_reactive(graph: Graph, hw: Hardware, lookahead: int = 0) -> Plan:
         step = pb.compute(name, waits=fetches + frees + [mem.touch_step[t] for t in op.reads if t in mem.touch_step])
         prev_compute = step
         for t in op.reads + op.outputs:
-            mem.resident[t] = clock
+            touch(t)
             mem.touch_step[t] = step
         mem.used += sum(size(t) for t in op.outputs)
         for t in op.updates:
