@@ -9,6 +9,7 @@ from collections.abc import Callable
 from planner.graph import Graph
 from planner.hardware import Hardware
 from planner.plan import Plan
+from planner.planners.cpsat import plan_cpsat
 from planner.planners.none import plan_none
 from planner.planners.reactive import plan_reactive
 
@@ -17,6 +18,7 @@ PlannerFn = Callable[..., Plan]
 PLANNERS: dict[str, PlannerFn] = {
     "none": plan_none,
     "reactive": plan_reactive,
+    "cpsat": plan_cpsat,
 }
 
 

@@ -37,6 +37,8 @@ SPANNING_GAPS = 48
 # Wall seconds per window solve: at least MIN, else this share of the time limit.
 WINDOW_MIN_S = 1.0
 WINDOW_SHARE = 0.05
+# Tests and debugging collect the windows whose decoded plan the executor rejects here (a list), when set.
+DEBUG: list | None = None
 # How many window lengths of ops after the window its transfers and memory are modelled over.
 LOOKAHEAD = 1
 # Window sizes (ops): the first is the planner's window_ops option; it grows when every stall has been tried.
@@ -138,6 +140,8 @@ def improve(run, p: Problem, asg: Assignment, base: Plan, base_tl: Timeline, obj
         tl = timed(p.graph, p.hw, plan)
         if not tl.valid:
             stats["invalid"] = stats.get("invalid", 0) + 1
+            if DEBUG is not None:
+                DEBUG.append((frame, m, res, sol, plan, tl))
             continue
         if (tl.metrics.makespan_ns, sum(tl.metrics.bytes_moved.values())) < (inc.makespan, inc.moved):
             version = inc.version + 1
@@ -268,8 +272,9 @@ def window_frame(p: Problem, inc: Incumbent, i: int, j: int) -> Frame:
             if fetch_ok and inside(a.Y[g], a.Y[g] + gap.fetch[tier]):
                 f.gaps_y.add(g)
             continue
-        # The decision can change only if every transfer it adds or removes fits in the region.
-        if (not on and slot_ok) or (on and fetch_ok and slot_ok):
+        # The decision can change only if every transfer it adds or removes, and every residency it adds, fits
+        # in the region (keeping a tensor an offloaded end gap dropped holds it to the end of the step).
+        if (not on and slot_ok) or (on and fetch_ok and slot_ok and (gap.has_fetch or f.final)):
             f.gaps_b.add(g)
             f.gaps_x.add(g)
             f.gaps_y.add(g)

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from planner.cost import op_durations_ns
 from planner.executor import simulate
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
@@ -40,6 +41,11 @@ from planner.timeline import Timeline
 DET_PER_WALL = 0.2
 # Wall seconds of one greedy run per op (measured: 0.6 to 0.7 ms per op on the workloads in graphs/).
 SWEEP_S_PER_OP = 7e-4
+# A point of greedy's sweep costs about this share of one full greedy run (the sweep shares its preparation and
+# places offsets only for its finalists; measured 0.17 to 0.4 on the workloads in graphs/); the sweep runs when
+# it fits in this share of the time limit. Reports compare against greedy at its best, so it is worth the time.
+SWEEP_POINT_SHARE = 0.4
+SWEEP_LIMIT_SHARE = 0.45
 # Share of the limit kept for decoding, checking and writing the plan.
 RESERVE = 0.08
 
@@ -58,6 +64,7 @@ class Run:
     deterministic: bool
     progress: Progress | None
     t0: float = field(default_factory=time.monotonic)
+    wall_limit: float | None = None  # seconds for the deadline when less than time_limit is left
     notes: list[str] = field(default_factory=list)
     stats: dict = field(default_factory=dict)
     det_used: float = 0.0
@@ -68,7 +75,8 @@ class Run:
 
     @property
     def deadline(self) -> float:
-        return self.t0 + self.time_limit * (1 - RESERVE)
+        limit = self.time_limit if self.wall_limit is None else self.wall_limit
+        return self.t0 + limit * (1 - RESERVE)
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -113,6 +121,7 @@ def plan_cpsat(
     start: str = "auto",
     log: bool = False,
     progress: Progress | None = None,
+    wall_budget: float | None = None,
 ) -> Plan:
     """Plan with CP-SAT within ``time_limit`` seconds of wall-clock time (see the module doc).
 
@@ -120,11 +129,15 @@ def plan_cpsat(
     most ``makespan_limit_us``, default the starting plan's). ``workers=1`` makes the run deterministic.
     ``start``: the starting plan (``auto``: the best of greedy, reactive and no offload). ``progress`` receives
     dicts (phase, elapsed_s, incumbent_us, bound_us, ...) while solving; the planner itself prints nothing.
+    ``wall_budget``: the seconds actually left for planning when the caller spent some of the limit already (the
+    CLI's loading); deadlines use it, deterministic budgets and the recorded options use ``time_limit``.
     """
     if objective not in ("makespan", "peak"):
         raise ValueError(f"objective must be 'makespan' or 'peak', not {objective!r}")
     time_limit = float(time_limit)
     run = Run(graph, hw, time_limit, int(seed), max(1, int(workers)), int(workers) <= 1, progress)
+    if wall_budget is not None:
+        run.wall_limit = min(time_limit, float(wall_budget))
     options = {"time_limit": time_limit, "seed": int(seed), "workers": run.workers, "objective": objective,
                "whole_max_ops": whole_max_ops, "window_ops": window_ops}
     if makespan_limit_us is not None:
@@ -134,8 +147,14 @@ def plan_cpsat(
     run.stats["start_planner"] = base.planner
     run.stats["start_makespan_us"] = base_tl.metrics.makespan_ns / 1000
     best_plan, best_tl = base, base_tl
+    compute = sum(op_durations_ns(graph, hw).values())
     try:
-        result = _optimise(run, base, base_tl, objective, makespan_limit_us, whole_max_ops, window_ops, log)
+        if objective == "makespan" and base_tl.valid and base_tl.metrics.makespan_ns <= compute:
+            result = None
+            run.notes.append(f"the starting plan ({base.planner}) already runs at the compute bound: optimal")
+            run.stats.update(optimal=True, model="none", status="OPTIMAL")
+        else:
+            result = _optimise(run, base, base_tl, objective, makespan_limit_us, whole_max_ops, window_ops, log)
     except Exception as exc:  # noqa: BLE001 - any failure falls back to the starting plan
         result = None
         run.notes.append(f"cpsat failed ({type(exc).__name__}: {exc}); returning the {base.planner} plan")
@@ -223,7 +242,7 @@ def starting_plan(run: Run, start: str = "auto") -> tuple[Plan, Timeline]:
             npoints = _sweep_points()
             # Deterministic runs estimate the sweep from the op count, others from the time one greedy run took.
             single = len(g.ops) * SWEEP_S_PER_OP if run.deterministic else time.monotonic() - t
-            if single * npoints * 0.7 <= 0.25 * run.time_limit:
+            if single * npoints * SWEEP_POINT_SHARE <= SWEEP_LIMIT_SHARE * run.time_limit:
                 try:
                     add(PLANNERS["greedy-sweep"](g, hw))
                 except Exception as exc:  # noqa: BLE001
@@ -231,7 +250,7 @@ def starting_plan(run: Run, start: str = "auto") -> tuple[Plan, Timeline]:
             else:
                 run.notes.append(
                     f"greedy at its default settings only: its sweep ({npoints} points, about "
-                    f"{single * npoints * 0.7:.0f} s) does not fit in the time limit")
+                    f"{single * npoints * SWEEP_POINT_SHARE:.0f} s) does not fit in the time limit")
     valid = [c for c in cands if c[1].valid]
     pool = valid or cands
     if not pool:

@@ -1,0 +1,175 @@
+"""The benchmark behind ``ho-plan bench``: a fixed suite of graphs and budgets, greedy against cpsat.
+
+Suite (each at 60%, 70%, 80% and 90% of the graph's no-offload HBM peak):
+
+- ``paper``: the graphs in ``graphs/`` (the paper's workloads and the two hand-written examples);
+- ``checkmate``: the Checkmate / Moccasin graphs in ``../shared/graphs/checkmate`` when that folder exists;
+- ``generated``: repeated-transformer-layer graphs of about 1k, 5k, 10k and 20k ops (LLaMA-3-8B training,
+  pipeline stage 0, with as many micro-batches as it takes; ``generated_graph``).
+
+Per case and planner it records: ops, valid, makespan and its overhead against no offload, peak HBM, bytes moved,
+the gap against the best makespan lower bound (``planner.bounds``: "vs bound"), the planner's wall time, and for
+cpsat its solver record (model, status, windows accepted, CP-SAT's own bound when the model was whole).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner import api, bounds
+from planner.executor import simulate
+from planner.graph import Graph
+from planner.hardware import HBM
+
+ROOT = Path(__file__).resolve().parents[1]
+FRACTIONS = (0.6, 0.7, 0.8, 0.9)
+GENERATED_OPS = (1000, 5000, 10000, 20000)
+# Greedy's settings sweep runs when one greedy run times the number of points fits this many seconds.
+SWEEP_BUDGET_S = 120.0
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str  # graph name
+    suite: str
+    load: Callable[[], Graph]
+    preset: str = "ascend-910c"
+
+
+def generated_graph(ops: int) -> Graph:
+    """A LLaMA-3-8B training graph (pipeline stage 0, 16 layers or fewer) of about ``ops`` ops: the layer and
+    micro-batch counts are chosen to come close (one micro-batch of one layer is about 31 ops)."""
+    from planner import workloads
+
+    if ops <= 1500:
+        layers = max(1, round((ops - 42) / 258))
+        g = workloads.generate("llama3-8b-no2", layers=layers)
+    else:
+        micro = max(1, round(ops / (16 * 31.2)))
+        g = workloads.generate("llama3-8b-no2", layers=16, grad_accum=micro)
+    return Graph(name=f"generated-{ops // 1000}k", tensors=g.tensors, ops=g.ops, metadata=dict(g.metadata))
+
+
+def suite(names: Iterable[str] = ("paper", "checkmate", "generated"), quick: bool = False,
+          only: Iterable[str] = (), shared: Path | None = None) -> list[Case]:
+    """The benchmark's cases. ``quick``: two small paper graphs and the 1k generated graph. ``only``: keep the
+    cases whose graph name contains one of these strings."""
+    shared = shared if shared is not None else ROOT.parent / "shared"
+    cases: list[Case] = []
+    names = set(names)
+    if "paper" in names:
+        for path in sorted((ROOT / "graphs").glob("*.json")):
+            preset = "cloudmatrix384" if "remote_weights" in path.name else "ascend-910c"
+            cases.append(Case(path.stem, "paper", lambda p=path: api.load_graph(p), preset))
+    ck = shared / "graphs" / "checkmate"
+    if "checkmate" in names and ck.is_dir():
+        for path in sorted(ck.glob("*.json")):
+            cases.append(Case(path.stem, "checkmate", lambda p=path: api.load_graph(p)))
+    if "generated" in names:
+        for n in GENERATED_OPS:
+            cases.append(Case(f"generated-{n // 1000}k", "generated", lambda n=n: generated_graph(n)))
+    if quick:
+        keep = {"transformer_block", "deepseek-v3-nsa-64k-L3-1layer", "generated-1k"}
+        cases = [c for c in cases if c.name in keep]
+    only = [o for o in only if o]
+    if only:
+        cases = [c for c in cases if any(o in c.name for o in only)]
+    return cases
+
+
+def _sweep_affordable(graph: Graph, hw) -> bool:
+    from planner.planners import PLANNERS
+
+    if "greedy-sweep" not in PLANNERS:
+        return False
+    t = time.monotonic()
+    PLANNERS["greedy"](graph, hw)
+    single = time.monotonic() - t
+    try:
+        from planner.planners.greedy_sweep import grid_points
+
+        points = len(grid_points())
+    except Exception:  # noqa: BLE001
+        points = 50
+    return single * points * 0.7 <= SWEEP_BUDGET_S
+
+
+def run_case(case: Case, fractions=FRACTIONS, planners=("greedy", "cpsat"), time_limit: float = 60.0,
+             seed: int = 0, workers: int = 2, progress: Callable[[dict], None] | None = None) -> list[dict]:
+    """Every planner at every budget of one case: one row each."""
+    from planner.planners import PLANNERS
+
+    graph = case.load()
+    base_hw = api.hardware(case.preset)
+    ref = api.no_offload_reference(graph, base_hw)
+    peak = ref.metrics.peak_bytes[HBM]
+    rows = []
+    for frac in fractions:
+        hw = api.hardware(case.preset, hbm=str(int(peak * frac)))
+        try:
+            lb = bounds.makespan_bound(graph, hw)
+        except Exception:  # noqa: BLE001
+            lb = bounds.compute_bound(graph, hw)
+        minimum, _ = bounds.largest_working_set(graph)
+        for name in planners:
+            row = {"graph": case.name, "suite": case.suite, "ops": len(graph.ops), "budget_fraction": frac,
+                   "budget_bytes": hw.hbm_bytes, "planner": name, "no_offload_makespan_us": ref.metrics.makespan_ns
+                   / 1000, "no_offload_peak_bytes": peak, "bound_us": lb.value / 1000, "bound_reason": lb.reason}
+            if progress:
+                progress({"case": case.name, "fraction": frac, "planner": name})
+            if hw.hbm_bytes < minimum:
+                row.update(valid=False, note="budget below the largest single-op working set")
+                rows.append(row)
+                continue
+            options = {}
+            label = name
+            if name == "greedy" and _sweep_affordable(graph, hw):
+                label = "greedy-sweep"
+            if name == "cpsat":
+                options = {"time_limit": time_limit, "seed": seed, "workers": workers}
+            t = time.monotonic()
+            try:
+                plan = PLANNERS[label](graph, hw, **options)
+            except Exception as exc:  # noqa: BLE001 - a failing planner is a row, not a crash
+                row.update(valid=False, note=f"{type(exc).__name__}: {exc}", solve_time_s=time.monotonic() - t)
+                rows.append(row)
+                continue
+            solve_s = time.monotonic() - t
+            tl = simulate(graph, hw, plan)
+            m = tl.metrics
+            row.update(
+                planner_run=label, valid=tl.valid, status=plan.status, makespan_us=m.makespan_ns / 1000,
+                overhead=m.makespan_ns / ref.metrics.makespan_ns - 1 if ref.metrics.makespan_ns else 0.0,
+                peak_hbm_bytes=m.peak_bytes[HBM], bytes_moved=sum(m.bytes_moved.values()),
+                gap_vs_bound=bounds.gap(m.makespan_ns, lb.value) if tl.valid else None,
+                solve_time_s=round(solve_s, 3), defrag_events=m.defrag_events,
+            )
+            st = plan.stats.get("cpsat") if isinstance(plan.stats, dict) else None
+            if st:
+                row["cpsat"] = {k: st.get(k) for k in (
+                    "model", "status", "optimal", "windows_accepted", "start_planner", "start_makespan_us",
+                    "model_bound_us", "gap_vs_model_bound", "hint_feasible") if k in st}
+                row["notes"] = list(plan.notes)
+            rows.append(row)
+    return rows
+
+
+def compare(rows: list[dict]) -> list[dict]:
+    """Per case and budget: cpsat's makespan against greedy's (negative: cpsat faster)."""
+    out = []
+    key = lambda r: (r["graph"], r["budget_fraction"])  # noqa: E731
+    by: dict = {}
+    for r in rows:
+        by.setdefault(key(r), {})[r["planner"]] = r
+    for k, d in by.items():
+        g, c = d.get("greedy"), d.get("cpsat")
+        if g and c and g.get("valid") and c.get("valid"):
+            out.append({"graph": k[0], "budget_fraction": k[1], "greedy_us": g["makespan_us"],
+                        "cpsat_us": c["makespan_us"], "change": c["makespan_us"] / g["makespan_us"] - 1})
+    return out
+
+
+__all__ = ["Case", "FRACTIONS", "suite", "run_case", "generated_graph", "compare"]

@@ -1,0 +1,99 @@
+"""``ho-plan bench``: greedy against cpsat over a fixed suite of graphs and budgets (see planner/bench.py).
+
+Registered on ``main`` by ``planner/cli/__init__.py``. Progress goes to stderr; the table to stdout; the rows
+to a JSON file with ``-o``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from planner.cli import main, run_guarded
+from planner.errors import InputError
+from planner.fileio import write_atomic
+from planner.units import format_bytes
+
+BENCH_EXAMPLES = """
+\b
+Examples:
+  ho-plan bench --quick -o bench.json                 # 3 graphs, about 10 minutes at the default limit
+  ho-plan bench --only deepseek --budgets 0.6,0.9 --time-limit 60 -o ds.json
+  ho-plan bench --suite generated --only 10k --budgets 0.7
+"""
+
+
+@main.command("bench", epilog=BENCH_EXAMPLES)
+@click.option("--suite", "suites", default="paper,checkmate,generated", show_default=True,
+              help="Comma-separated: paper (graphs/), checkmate (../shared/graphs/checkmate), generated.")
+@click.option("--quick", is_flag=True, help="Only transformer_block, DeepSeek-V3+NSA 64k and the 1k generated graph.")
+@click.option("--only", "only", multiple=True, help="Keep the graphs whose name contains this (repeatable).")
+@click.option("--budgets", default="0.6,0.7,0.8,0.9", show_default=True,
+              help="Budgets as fractions of the no-offload peak.")
+@click.option("--planners", default="greedy,cpsat", show_default=True, help="Planners to run.")
+@click.option("--time-limit", type=float, default=60.0, show_default=True, help="cpsat's limit per case (s).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--workers", type=int, default=2, show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write every row as JSON.")
+def bench_cmd(suites, quick, only, budgets, planners, time_limit, seed, workers, output):
+    """Run the benchmark suite and print greedy against cpsat per graph and budget."""
+
+    def go():
+        from planner import bench
+
+        try:
+            fractions = tuple(float(x) for x in budgets.split(",") if x.strip())
+        except ValueError:
+            raise InputError("command line", "--budgets", f"{budgets!r} is not a list of fractions") from None
+        if not fractions or any(not 0 < f <= 2 for f in fractions):
+            raise InputError("command line", "--budgets", "fractions must be in (0, 2]")
+        names = tuple(x.strip() for x in planners.split(",") if x.strip())
+        from planner.planners import PLANNERS
+
+        for n in names:
+            if n not in PLANNERS:
+                raise InputError("command line", "--planners", f"unknown planner {n!r}")
+        cases = bench.suite([s.strip() for s in suites.split(",")], quick=quick, only=only)
+        if not cases:
+            raise InputError("command line", "--only", "no benchmark case matches")
+        err = Console(stderr=True)
+        rows: list[dict] = []
+        t0 = time.monotonic()
+        for case in cases:
+            def progress(d, case=case):
+                err.print(f"[dim]{time.monotonic() - t0:7.1f} s[/] {d['case']} at {d['fraction']:.0%}: "
+                          f"{d['planner']}", highlight=False)
+
+            rows.extend(bench.run_case(case, fractions, names, time_limit, seed, workers, progress))
+            if output:
+                write_atomic(output, json.dumps({"rows": rows, "comparison": bench.compare(rows)}, indent=1))
+        Console().print(_table(rows))
+        cmp = bench.compare(rows)
+        if cmp:
+            better = sum(1 for c in cmp if c["change"] < -1e-9)
+            worse = sum(1 for c in cmp if c["change"] > 1e-9)
+            click.echo(f"cpsat vs greedy: faster on {better}, slower on {worse}, equal on {len(cmp) - better - worse} "
+                       f"of {len(cmp)} cases")
+
+    run_guarded(go)
+
+
+def _table(rows: list[dict]) -> Table:
+    t = Table(title="ho-plan bench", title_justify="left")
+    for col in ("graph", "ops", "budget", "planner", "makespan", "overhead", "peak HBM", "moved", "gap vs bound",
+                "time"):
+        t.add_column(col, justify="left" if col in ("graph", "planner") else "right")
+    for r in rows:
+        if not r.get("valid"):
+            t.add_row(r["graph"], str(r["ops"]), f"{r['budget_fraction']:.0%}", r.get("planner_run", r["planner"]),
+                      "[red]invalid[/]", "", "", "", "", f"{r.get('solve_time_s', 0):.1f} s")
+            continue
+        gap = r.get("gap_vs_bound")
+        t.add_row(r["graph"], str(r["ops"]), f"{r['budget_fraction']:.0%}", r.get("planner_run", r["planner"]),
+                  f"{r['makespan_us'] / 1000:.2f} ms", f"{r['overhead']:+.1%}", format_bytes(r["peak_hbm_bytes"]),
+                  format_bytes(r["bytes_moved"]), "" if gap is None else f"{gap:.1%}", f"{r['solve_time_s']:.1f} s")
+    return t
