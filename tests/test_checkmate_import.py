@@ -94,7 +94,7 @@ def test_cli_plans_a_checkmate_graph(tmp_path):
     assert json.loads(r.output)["valid"]
     assert run("validate", out, path, "--time-unit", "10us").exit_code == 0
     r = run(CHECKMATE / "random_layered_n250_w0.43_nlv0.75_ed0.2_scd0.14.json", "--hbm", "100GB",
-            "--size-unit", "1MB", "--time-unit", "1ms", "--no-output", "--json")
+            "--size-unit", "1MB", "--time-unit", "1ms", "--planner", "reactive", "--no-output", "--json")
     assert r.exit_code == 0, r.output
 
 

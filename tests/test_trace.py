@@ -168,7 +168,7 @@ def test_reactive_plan_trace_and_several_planners_in_one_file():
 def test_plan_command_writes_a_trace(tmp_path):
     out = tmp_path / "tb.trace.json"
     r = CliRunner().invoke(main, [str(GRAPHS / "transformer_block.json"), "--hbm", "1.5GB", "--no-output",
-                                  "--trace", str(out)])
+                                  "--planner", "reactive", "--trace", str(out)])
     assert r.exit_code == 0, r.output
     doc = json.loads(out.read_text())
     assert check_trace(doc) == []

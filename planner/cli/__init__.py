@@ -22,7 +22,8 @@ from planner.units import format_bytes
 EXAMPLES = """
 \b
 Examples:
-  ho-plan graphs/transformer_block.json --hbm 2GB
+  ho-plan graphs/transformer_block.json --hbm 2GB --time-limit 10
+  ho-plan graphs/transformer_block.json --hbm 2GB --planner cpsat --workers 1 --seed 3   # reproducible
   ho-plan graphs/transformer_block.json --hbm 2GB --planner reactive --json
   ho-plan graphs/remote_weights_chain.json --hardware cloudmatrix384 --hbm 500MB --p2d 100GB/s
   ho-plan validate transformer_block.schedule.json graphs/transformer_block.json
@@ -163,23 +164,50 @@ def load_options(kw: dict) -> dict:
 @click.argument("graph_path", metavar="GRAPH", type=click.Path(dir_okay=False))
 @hardware_options
 @graph_options
-@click.option("--planner", "planner_name", default="reactive", show_default=True,
-              help="Planner: none, reactive (more as they land).")
+@click.option("--planner", "planner_name", default="cpsat", show_default=True,
+              help="Planner: cpsat (CP-SAT, the default; see --time-limit), greedy, greedy-sweep, reactive, none.")
+@click.option("--greedy-sweep", "greedy_sweep", is_flag=True,
+              help="Plan with greedy over a grid of its four settings and keep the best valid plan "
+                   "(same as --planner greedy-sweep).")
 @click.option("-O", "--planner-option", "planner_options", multiple=True, metavar="KEY=VALUE",
               help="Passed straight to the planner, e.g. -O lookahead=2.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False),
               help="Schedule file to write (default: ./<graph>.<planner>.schedule.json).")
 @click.option("--no-output", is_flag=True, help="Do not write a schedule file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def plan_cmd(graph_path, planner_name, planner_options, output, no_output, as_json, **hw_kw):
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False),
+              help="Also write the executed plan as Perfetto / Chrome trace JSON (open in ui.perfetto.dev).")
+@click.option("--time-limit", "time_limit", type=float, default=None,
+              help="Seconds the cpsat planner may take, wall clock (default 60).")
+@click.option("--seed", type=int, default=None, help="cpsat: random seed (default 0).")
+@click.option("--workers", type=int, default=None,
+              help="cpsat: solver threads (default 2); 1 makes the run deterministic for a given --seed.")
+def plan_cmd(graph_path, planner_name, planner_options, output, no_output, as_json, trace_path, greedy_sweep,
+             time_limit, seed, workers, **hw_kw):
     """Plan GRAPH for an HBM budget, validate the plan, print a summary, write a schedule."""
+    if greedy_sweep:
+        planner_name = "greedy-sweep"
 
     def go():
+        import time
+
+        t0 = time.monotonic()
         graph = api.load_graph(graph_path, **load_options(hw_kw))
         hw = build_hardware(hw_kw)
         options = {k: _option_value(v) for k, v in _pairs(planner_options, "--planner-option").items()}
+        options.update(_solver_options(planner_name, time_limit, seed, workers))
+        if "time_limit" in options:
+            # The limit covers the whole command: loading took some of it, and the no-offload reference and
+            # the summary after planning take about 0.2 ms per op. (The plan records the limit as given.)
+            spent = time.monotonic() - t0 + 2e-4 * len(graph.ops)
+            options["wall_budget"] = max(0.5, options["time_limit"] - spent)
+        from planner.cli.progress import live_progress
+
         try:
-            result = api.plan(graph, hw, planner=planner_name, source=graph_path, **options)
+            with live_progress(enabled=not as_json and "time_limit" in options) as progress:
+                if progress is not None:
+                    options["progress"] = progress
+                result = api.plan(graph, hw, planner=planner_name, source=graph_path, **options)
         except TypeError as exc:
             raise InputError("command line", "--planner-option", str(exc)) from None
         except InfeasibleBudget as exc:
@@ -201,6 +229,10 @@ def plan_cmd(graph_path, planner_name, planner_options, output, no_output, as_js
             from planner.schedule import write_schedule
 
             write_schedule(path, graph, hw, result.plan, result.timeline)
+        if trace_path and result.timeline.steps:
+            from planner.report.trace import TraceRun, write_trace
+
+            write_trace(trace_path, [TraceRun(graph, hw, result.plan, result.timeline)])
         d = summary_dict(graph, hw, result, path)
         if as_json:
             click.echo(json.dumps(d, indent=1))
@@ -219,6 +251,26 @@ def plan_cmd(graph_path, planner_name, planner_options, output, no_output, as_js
             sys.exit(1)
 
     run_guarded(go)
+
+
+def _solver_options(planner_name: str, time_limit, seed, workers) -> dict:
+    """--time-limit, --seed and --workers, for the planners that take them (cpsat)."""
+    import inspect
+
+    from planner.planners import get_planner
+
+    given = {"time_limit": time_limit, "seed": seed, "workers": workers}
+    params = inspect.signature(get_planner(planner_name)).parameters
+    if "time_limit" not in params:
+        named = [f"--{k.replace('_', '-')}" for k, v in given.items() if v is not None]
+        if named:
+            raise InputError("command line", named[0], f"planner {planner_name!r} does not take it (cpsat does)")
+        return {}
+    if time_limit is not None and time_limit <= 0:
+        raise InputError("command line", "--time-limit", "must be positive")
+    if workers is not None and workers < 1:
+        raise InputError("command line", "--workers", "must be at least 1")
+    return {k: v for k, v in given.items() if v is not None} | {"time_limit": time_limit or 60.0}
 
 
 @main.command("validate")
@@ -250,7 +302,7 @@ def validate_cmd(schedule_path, graph_path, **graph_kw):
 
 # Subcommands that live in their own modules register themselves on ``main`` when imported here.
 # (Each module: ``from planner.cli import main`` then ``@main.command(...)``.)
-for _module in ("generate",):
+for _module in ("report", "generate", "bench"):
     __import__(f"planner.cli.{_module}")
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ from planner.graph import Graph
 from planner.hardware import Hardware
 from planner.plan import Plan
 from planner.planners.cpsat import plan_cpsat
+from planner.planners.greedy import plan_greedy
+from planner.planners.greedy_sweep import plan_greedy_sweep
 from planner.planners.none import plan_none
 from planner.planners.reactive import plan_reactive
 
@@ -18,6 +20,8 @@ PlannerFn = Callable[..., Plan]
 PLANNERS: dict[str, PlannerFn] = {
     "none": plan_none,
     "reactive": plan_reactive,
+    "greedy": plan_greedy,
+    "greedy-sweep": plan_greedy_sweep,
     "cpsat": plan_cpsat,
 }
 

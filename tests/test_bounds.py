@@ -1,0 +1,71 @@
+"""Lower bounds hold: no plan beats them, on hand-checked cases and on the repository's graphs."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import GRAPHS, simple_hardware
+from test_cpsat import three_bigs, two_fetches
+
+from planner import api, bounds
+from planner.executor import simulate
+from planner.hardware import HBM
+from planner.planners import PLANNERS
+
+
+def test_bounds_of_the_two_fetch_graph_by_hand():
+    g, hw = two_fetches(), simple_hardware(hbm=10_000)
+    values = {b.reason.split(" ")[0]: b.value for b in bounds.makespan_bounds(g, hw)}
+    assert bounds.compute_bound(g, hw).value == 1400
+    # Both weights (400 B at 1 B/ns) must arrive, then at least one 100 ns op runs.
+    assert values["first"] == 500
+    # Per op: q1 runs after p1, which waits for w1: 200 + 100 + 600.
+    assert bounds.makespan_bound(g, hw).value >= 1400
+
+
+def test_the_per_op_bound_counts_the_stores_the_budget_forces():
+    # Budget 150: making big1 while big0 is alive needs 100 B stored first (100 ns at 1 B/ns) unless the order
+    # avoids it; the bound must stay below what cpsat proves optimal (3500 ns, no transfer).
+    g, hw = three_bigs(), simple_hardware(hbm=150)
+    b = bounds.makespan_bound(g, hw)
+    assert b.value <= 3500
+    assert bounds.compute_bound(g, hw).value == 3500
+
+
+def test_gap_is_relative_to_the_bound():
+    assert bounds.gap(110, 100) == pytest.approx(0.1)
+    assert bounds.gap(5, 0) is None
+
+
+@pytest.mark.parametrize("graph_file,preset", [
+    ("transformer_block.json", "ascend-910c"),
+    ("remote_weights_chain.json", "cloudmatrix384"),
+    ("deepseek-v3-nsa-64k-L3-1layer.json", "ascend-910c"),
+    ("llama3-8b-no2-4layers.json", "ascend-910c"),
+])
+@pytest.mark.parametrize("fraction", [0.6, 0.9])
+def test_no_plan_beats_the_bounds(graph_file, preset, fraction):
+    path = GRAPHS / graph_file
+    if not path.exists():
+        pytest.skip(f"{graph_file} not in graphs/")
+    g = api.load_graph(path)
+    peak = api.no_offload_reference(g, api.hardware(preset)).metrics.peak_bytes[HBM]
+    hw = api.hardware(preset, hbm=str(int(peak * fraction)))
+    lbs = bounds.makespan_bounds(g, hw)
+    hb = bounds.hbm_bound(g)
+    for name in ("reactive", "greedy", "none"):
+        tl = simulate(g, hw, PLANNERS[name](g, hw))
+        if not tl.valid:
+            continue
+        for b in lbs:
+            assert b.value <= tl.metrics.makespan_ns, (name, b)
+        assert hb.value <= tl.metrics.peak_bytes[HBM]
+
+
+def test_the_order_bound_is_labelled_and_holds_for_the_no_offload_order():
+    g = api.load_graph(GRAPHS / "transformer_block.json")
+    hw = api.hardware("ascend-910c", hbm="1GB")
+    b = bounds.order_transfer_bound(g, hw)
+    assert "no-offload order" in b.metric
+    # The reactive runtime keeps the no-offload order.
+    tl = simulate(g, hw, PLANNERS["reactive"](g, hw))
+    assert tl.valid and b.value <= tl.metrics.makespan_ns

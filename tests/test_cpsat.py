@@ -1,0 +1,274 @@
+"""The CP-SAT planner: hand-checked optima reached and proved, valid plans, never worse than its start,
+determinism, the time limit, fallbacks, the LNS path and the hint's feasibility."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import GRAPHS, simple_hardware
+
+from planner import api
+from planner.executor import simulate
+from planner.graph import Graph, Op, Tensor, TensorKind
+from planner.hardware import HBM
+from planner.planners import PLANNERS
+from planner.planners.cpsat import plan_cpsat, solve, worker
+from planner.planners.cpsat.decode import plan_from_assignment
+from planner.planners.cpsat.hint import check
+from planner.planners.cpsat.model import Model, whole_frame
+from planner.schedule import dumps_schedule, schedule_to_dict
+
+NS = 1e-9
+
+
+def two_fetches() -> Graph:
+    """Two chains, each starting with an op that reads a weight held on the host (200 B: 200 ns per fetch).
+
+    In the graph's order (p1, p2, q1, q2) the second fetch stalls p2; running q1 while w2 arrives does not:
+    fetch w1 [0, 200), p1 [200, 300), q1 [300, 900) while w2 arrives [200, 400), p2, q2: 1600 ns, which is the
+    optimum (no op can start before the first fetch ends, and the compute is 1400 ns).
+    """
+    t = [Tensor("x", 1, TensorKind.INPUT), Tensor("w1", 200, TensorKind.WEIGHT, home="host"),
+         Tensor("w2", 200, TensorKind.WEIGHT, home="host")]
+    ops = []
+    for i in (1, 2):
+        t += [Tensor(f"a{i}", 10), Tensor(f"y{i}", 1, TensorKind.OUTPUT)]
+        ops.append(Op(f"p{i}", "F", ("x", f"w{i}"), (f"a{i}",), duration_s=100 * NS))
+    for i in (1, 2):
+        ops.append(Op(f"q{i}", "F", (f"a{i}",), (f"y{i}",), duration_s=600 * NS))
+    return Graph.build("two_fetches", t, ops)
+
+
+def three_bigs() -> Graph:
+    """Three producers of 100 B tensors, then their consumers: the graph's order holds all three at once
+    (300 B), producing and consuming each in turn holds one (about 100 B). With a 150 B budget and a slow link,
+    reordering alone fits, with no transfer: the optimum is the compute time, 3.5 us."""
+    t = [Tensor("x", 1, TensorKind.INPUT)]
+    ops = []
+    for i in range(3):
+        t += [Tensor(f"big{i}", 100), Tensor(f"small{i}", 1)]
+        ops.append(Op(f"make{i}", "F", ("x",), (f"big{i}",), duration_s=500 * NS))
+    for i in range(3):
+        ops.append(Op(f"use{i}", "F", (f"big{i}",), (f"small{i}",), duration_s=500 * NS))
+    t.append(Tensor("y", 1, TensorKind.OUTPUT))
+    ops.append(Op("join", "F", tuple(f"small{i}" for i in range(3)), ("y",), duration_s=500 * NS))
+    return Graph.build("three_bigs", t, ops)
+
+
+def _budget(graph: Graph, fraction: float, preset: str = "ascend-910c") -> str:
+    peak = api.no_offload_reference(graph, api.hardware(preset)).metrics.peak_bytes[HBM]
+    return str(int(peak * fraction))
+
+
+def test_right_fetch_order_removes_the_stall_and_is_proved_optimal():
+    g, hw = two_fetches(), simple_hardware(hbm=10_000)
+    plan = plan_cpsat(g, hw, time_limit=10, workers=1)
+    tl = simulate(g, hw, plan)
+    assert tl.valid
+    assert tl.metrics.makespan_ns == 1600
+    st = plan.stats["cpsat"]
+    assert st["optimal"] is True
+    # The graph's order stalls p2 (1700 ns); a runtime that fetches on demand stalls both (1800 ns).
+    from planner.planners.none import plan_none
+
+    assert simulate(g, hw, plan_none(g, hw, order="graph")).metrics.makespan_ns == 1700
+    assert simulate(g, hw, PLANNERS["reactive"](g, hw)).metrics.makespan_ns == 1800
+
+
+def test_reordering_alone_fits_the_budget_with_no_transfer():
+    g = three_bigs()
+    hw = simple_hardware(hbm=150, bw=1e6)  # 1 byte per us: any offload costs 100 us
+    graph_order = [op.name for op in g.ops]
+    from planner.planners.ordering import live_bytes
+
+    assert max(live_bytes(g, graph_order)) > 150
+    plan = plan_cpsat(g, hw, time_limit=10, workers=1)
+    tl = simulate(g, hw, plan)
+    assert tl.valid
+    assert tl.metrics.makespan_ns == 3500
+    assert sum(tl.metrics.bytes_moved.values()) == 0
+    assert plan.stats["cpsat"]["optimal"] is True
+
+
+@pytest.mark.parametrize("graph_file,preset,fraction", [
+    ("transformer_block.json", "ascend-910c", 0.6),
+    ("remote_weights_chain.json", "cloudmatrix384", 0.5),
+])
+def test_whole_model_plans_are_valid_and_no_worse_than_the_start(graph_file, preset, fraction):
+    g = api.load_graph(GRAPHS / graph_file)
+    hw = api.hardware(preset, hbm=_budget(g, fraction, preset))
+    plan = plan_cpsat(g, hw, time_limit=3, workers=1)
+    tl = simulate(g, hw, plan)
+    assert tl.valid, [v.describe() for v in tl.violations[:3]]
+    start = plan.stats["cpsat"]["start_makespan_us"]
+    assert tl.metrics.makespan_ns / 1000 <= start + 1e-6
+    greedy = simulate(g, hw, PLANNERS["greedy"](g, hw))
+    assert tl.metrics.makespan_ns <= greedy.metrics.makespan_ns
+
+
+def test_no_worse_than_greedy_on_every_graph_in_graphs():
+    for path in sorted(GRAPHS.glob("*.json")):
+        g = api.load_graph(path)
+        preset = "cloudmatrix384" if "remote_weights" in path.name else "ascend-910c"
+        hw = api.hardware(preset, hbm=_budget(g, 0.8, preset))
+        plan = plan_cpsat(g, hw, time_limit=2, workers=1, seed=1)
+        tl = simulate(g, hw, plan)
+        greedy = simulate(g, hw, PLANNERS["greedy"](g, hw))
+        assert tl.valid, (path.name, [v.describe() for v in tl.violations[:3]])
+        if greedy.valid:
+            assert tl.metrics.makespan_ns <= greedy.metrics.makespan_ns, path.name
+
+
+def test_workers_1_and_a_seed_give_byte_identical_schedules():
+    g = api.load_graph(GRAPHS / "transformer_block.json")
+    hw = api.hardware("ascend-910c", hbm="1GB")
+    docs = []
+    for _ in range(2):
+        plan = plan_cpsat(g, hw, time_limit=2, workers=1, seed=7)
+        docs.append(dumps_schedule(schedule_to_dict(g, hw, plan, simulate(g, hw, plan))))
+    assert docs[0] == docs[1]
+
+
+def test_the_time_limit_holds_on_a_thousand_op_graph():
+    g = api.load_graph(GRAPHS / "llama3-8b-no2-4layers.json")
+    hw = api.hardware("ascend-910c", hbm=_budget(g, 0.7))
+    t0 = time.monotonic()
+    plan = plan_cpsat(g, hw, time_limit=4)
+    wall = time.monotonic() - t0
+    assert wall <= 4 * 1.1, wall
+    assert simulate(g, hw, plan).valid
+
+
+def test_lns_windows_always_decode_to_valid_plans(monkeypatch):
+    # Every window solution the model accepts must decode to a plan the executor accepts: the window may only
+    # change what it models (a regression: keeping a tensor that an offloaded end gap dropped held it to the end).
+    from planner.planners.cpsat import lns
+
+    rejected: list = []
+    monkeypatch.setattr(lns, "DEBUG", rejected)
+    g = api.load_graph(GRAPHS / "llama3-8b-no2-4layers.json")
+    hw = api.hardware("ascend-910c", hbm=_budget(g, 0.6))
+    plan = plan_cpsat(g, hw, time_limit=8, window_ops=40)
+    assert simulate(g, hw, plan).valid
+    assert plan.stats["cpsat"]["lns"]["windows"] >= 2
+    assert rejected == [], [tl.violations[0].describe() for *_x, tl in rejected]
+
+
+def test_lns_path_gives_a_valid_plan_no_worse_than_the_start():
+    g = api.load_graph(GRAPHS / "transformer_block.json")
+    hw = api.hardware("ascend-910c", hbm="1GB")
+    seen = []
+    plan = plan_cpsat(g, hw, time_limit=4, workers=1, whole_max_ops=10, window_ops=12, progress=seen.append)
+    tl = simulate(g, hw, plan)
+    assert tl.valid
+    st = plan.stats["cpsat"]
+    assert st["model"] == "lns" and st["lns"]["windows"] >= 1
+    assert tl.metrics.makespan_ns / 1000 <= st["start_makespan_us"] + 1e-6
+    assert any("incumbent_us" in d for d in seen)
+
+
+def test_solver_crash_falls_back_to_the_starting_plan(monkeypatch):
+    g = api.load_graph(GRAPHS / "transformer_block.json")
+    hw = api.hardware("ascend-910c", hbm="1GB")
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("solver exploded")
+
+    monkeypatch.setattr(worker, "solve", boom)
+    plan = plan_cpsat(g, hw, time_limit=2)
+    assert simulate(g, hw, plan).valid
+    assert any("cpsat failed" in n and "solver exploded" in n for n in plan.notes)
+    assert plan.planner == "cpsat"
+
+
+def test_no_solution_in_time_falls_back_with_a_note(monkeypatch):
+    g = api.load_graph(GRAPHS / "transformer_block.json")
+    hw = api.hardware("ascend-910c", hbm="1GB")
+    monkeypatch.setattr(worker, "solve", lambda *a, **k: worker.SolveResult(status="UNKNOWN"))
+    plan = plan_cpsat(g, hw, time_limit=2)
+    assert simulate(g, hw, plan).valid
+    assert any("no solution" in n for n in plan.notes)
+
+
+def test_a_killed_solver_returns_within_its_limit():
+    # A model CP-SAT cannot finish: the child is stopped at the deadline and the best solution kept.
+    g = api.load_graph(GRAPHS / "transformer_block.json")
+    hw = api.hardware("ascend-910c", hbm="1GB")
+    run = solve.Run(g, hw, 30, 0, 2, False, None)
+    base, base_tl = solve.starting_plan(run)
+    p, asg = solve.prepare(run, base, base_tl)
+    m = Model(p, whole_frame(p, asg))
+    m.add_hints()
+    t0 = time.monotonic()
+    res = worker.solve(m.m, {"num_workers": 2, "max_time_in_seconds": 100}, 1.0)
+    assert time.monotonic() - t0 < 1.0 + worker.GRACE_S + 0.5
+    assert res.has_solution and res.killed
+
+
+def test_the_hint_is_complete_and_feasible_and_decodes_to_a_valid_plan():
+    g = api.load_graph(GRAPHS / "transformer_block.json")
+    hw = api.hardware("ascend-910c", hbm="1GB")
+    run = solve.Run(g, hw, 30, 0, 1, True, None)
+    base, base_tl = solve.starting_plan(run)
+    p, asg = solve.prepare(run, base, base_tl)
+    assert check(p, asg) == []
+    decoded = plan_from_assignment(p, asg)
+    tl = simulate(g, hw, decoded, allocator=False)
+    assert tl.valid
+    assert tl.metrics.makespan_ns <= p.scale.ns(asg.makespan)
+    m = Model(p, whole_frame(p, asg))
+    assert m.add_hints() == len(m.m.proto.variables)
+    res = worker.solve(m.m, {"num_workers": 1, "fix_variables_to_their_hinted_value": True}, 10)
+    assert res.status in ("OPTIMAL", "FEASIBLE")
+
+
+def test_lns_window_hints_are_feasible():
+    from planner.planners.cpsat.lns import incumbent_from_plan, next_window, window_frame
+
+    g = api.load_graph(GRAPHS / "llama3-8b-no2-4layers.json")
+    hw = api.hardware("ascend-910c", hbm=_budget(g, 0.6))
+    run = solve.Run(g, hw, 30, 0, 1, True, None)
+    base, base_tl = solve.starting_plan(run)
+    p, asg = solve.prepare(run, base, base_tl)
+    inc = incumbent_from_plan(p, plan_from_assignment(p, asg))
+    assert check(p, inc.asg) == []
+    tried: set = set()
+    for _ in range(3):
+        w = next_window(p, inc, 60, tried)
+        if w is None:
+            break
+        tried.add((*w, inc.version))
+        m = Model(p, window_frame(p, inc, *w))
+        m.add_hints()
+        res = worker.solve(m.m, {"num_workers": 1, "fix_variables_to_their_hinted_value": True}, 10)
+        assert res.status in ("OPTIMAL", "FEASIBLE"), w
+
+
+def test_peak_objective_lowers_the_peak_within_the_makespan_limit():
+    g = api.load_graph(GRAPHS / "transformer_block.json")
+    hw = api.hardware("ascend-910c", hbm="1.5GB")
+    greedy = simulate(g, hw, PLANNERS["greedy"](g, hw))
+    plan = plan_cpsat(g, hw, time_limit=3, workers=1, objective="peak")
+    tl = simulate(g, hw, plan)
+    assert tl.valid
+    assert tl.metrics.peak_bytes[HBM] <= greedy.metrics.peak_bytes[HBM]
+
+
+def test_cli_cpsat_options_and_their_errors(tmp_path):
+    from click.testing import CliRunner
+
+    from planner.cli import main
+
+    out = tmp_path / "tb.schedule.json"
+    r = CliRunner().invoke(main, [str(GRAPHS / "transformer_block.json"), "--hbm", "1GB", "--planner", "cpsat",
+                                  "--time-limit", "2", "--workers", "1", "--seed", "3", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    r2 = CliRunner().invoke(main, ["validate", str(out), str(GRAPHS / "transformer_block.json")])
+    assert r2.exit_code == 0, r2.output
+    bad = CliRunner().invoke(main, [str(GRAPHS / "transformer_block.json"), "--hbm", "1GB", "--planner", "reactive",
+                                    "--time-limit", "2"])
+    assert bad.exit_code == 2 and "--time-limit" in bad.output
+    neg = CliRunner().invoke(main, [str(GRAPHS / "transformer_block.json"), "--planner", "cpsat",
+                                    "--time-limit", "-1"])
+    assert neg.exit_code == 2
