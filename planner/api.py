@@ -9,10 +9,11 @@
 
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass
 
-from planner.bounds import largest_working_set
+from planner.bounds import hbm_floor, largest_working_set
 from planner.errors import InfeasibleBudget, InputError
 from planner.executor import simulate
 from planner.formats import load_graph
@@ -71,16 +72,31 @@ def no_offload_reference(graph: Graph, hw: Hardware) -> Timeline:
     return simulate(graph, big, plan_none(graph, big))
 
 
+def check_options(fn, name: str, options: dict) -> None:
+    """Raise InputError naming an option that planner ``name`` does not take."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    takes = [p for p in list(params)[2:]]
+    for key in options:
+        if key not in takes:
+            raise InputError("command line", "--planner-option",
+                             f"planner {name!r} takes no option {key!r} (it takes: {', '.join(takes) or 'none'})")
+
+
 def plan(graph: Graph, hw: Hardware, planner: str = "none", source: str = "<graph>", **options) -> Result:
     """Plan ``graph`` on ``hw`` with the named planner, run the plan in the executor, and return the Result.
 
-    Raises InfeasibleBudget when the HBM budget is below the largest single-op working set.
+    Raises InfeasibleBudget when the HBM budget is below ``planner.bounds.hbm_floor`` (the largest single-op
+    working set, or the bytes that start on HBM and are still needed), and InputError for an option the planner
+    does not take.
     """
     check_compatible(graph, hw, source)
-    minimum, op = largest_working_set(graph)
-    if hw.hbm_bytes < minimum:
-        raise InfeasibleBudget(hw.hbm_bytes, minimum, op)
     fn = get_planner(planner)
+    check_options(fn, planner, options)
+    minimum, reason = hbm_floor(graph)
+    if hw.hbm_bytes < minimum:
+        raise InfeasibleBudget(hw.hbm_bytes, minimum, reason)
     t0 = time.perf_counter()
     p = fn(graph, hw, **options)
     runtime = time.perf_counter() - t0

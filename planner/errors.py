@@ -17,13 +17,10 @@ class InputError(ValueError):
 
 
 class InfeasibleBudget(Exception):
-    """The HBM budget is below what any plan can reach."""
+    """The HBM budget is below what any plan can reach; ``reason`` names the bound (planner.bounds.hbm_floor)."""
 
-    def __init__(self, budget: int, minimum: int, op: str) -> None:
+    def __init__(self, budget: int, minimum: int, reason: str) -> None:
         self.budget = budget
         self.minimum = minimum
-        self.op = op
-        super().__init__(
-            f"HBM budget {budget} B is below the largest single-op working set {minimum} B (op {op!r}); "
-            "no plan can fit"
-        )
+        self.reason = reason
+        super().__init__(f"HBM budget {budget} B is below {minimum} B, the {reason}; no plan can fit")

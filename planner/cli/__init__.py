@@ -208,17 +208,15 @@ def plan_cmd(graph_path, planner_name, planner_options, output, no_output, as_js
                 if progress is not None:
                     options["progress"] = progress
                 result = api.plan(graph, hw, planner=planner_name, source=graph_path, **options)
-        except TypeError as exc:
-            raise InputError("command line", "--planner-option", str(exc)) from None
         except InfeasibleBudget as exc:
             if as_json:
                 click.echo(json.dumps({"graph": graph.name, "valid": False, "infeasible": True,
                                        "hbm_budget_bytes": exc.budget, "minimum_hbm_bytes": exc.minimum,
-                                       "op": exc.op}))
+                                       "reason": exc.reason}))
             else:
                 click.echo(
-                    f"infeasible: HBM budget {format_bytes(exc.budget)} is below the largest single-op working "
-                    f"set, {format_bytes(exc.minimum)} ({exc.minimum} B, op {exc.op!r}); no plan can fit",
+                    f"infeasible: HBM budget {format_bytes(exc.budget)} is below {format_bytes(exc.minimum)} "
+                    f"({exc.minimum} B), the {exc.reason}; no plan can fit",
                     err=True,
                 )
             sys.exit(1)

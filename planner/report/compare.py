@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from planner import api
-from planner.bounds import largest_working_set
 from planner.errors import InfeasibleBudget
 from planner.executor import simulate
 from planner.graph import Graph
@@ -100,11 +99,7 @@ def lower_bounds(graph: Graph, hw: Hardware) -> dict:
     from planner import bounds as B
 
     out: dict = {}
-    if hasattr(B, "hbm_floor"):
-        minimum, reason = B.hbm_floor(graph)
-    else:
-        minimum, op = largest_working_set(graph)
-        reason = f"largest single-op working set (op {op!r})"
+    minimum, reason = B.hbm_floor(graph)
     out["peak_hbm_bytes"] = {"value": minimum, "reason": reason}
     candidates = []
     fn = getattr(B, "makespan_bounds", None) or getattr(B, "makespan_bound", None)
