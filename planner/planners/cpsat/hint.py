@@ -197,9 +197,11 @@ def check(p: Problem, a: Assignment, lo: int = 0, hi: int | None = None) -> list
         if s.writer is not None and a.S[s.index] < op_end(p, a, s.writer):
             out.append(f"store of {p.tensors[s.tensor].name!r} v{s.version} before its writer ends")
     # Tier choice: one tier per tensor.
+    stored: dict[int, set[str]] = {}
+    for si, tier in a.store.items():
+        stored.setdefault(p.slots[si].tensor, set()).add(tier)
     for t in p.tensors:
-        used = {a.off[g] for g in t.gaps if g in a.off} | {a.store[s.index] for s in p.slots
-                                                          if s.tensor == t.index and s.index in a.store}
+        used = {a.off[g] for g in t.gaps if g in a.off} | stored.get(t.index, set())
         if len(used) > 1:
             out.append(f"{t.name!r} offloaded to several tiers {sorted(used)}")
     for name, ivs in transfer_intervals(p, a).items():

@@ -16,6 +16,7 @@ untried, or when the makespan reaches the compute bound.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 from planner.plan import Plan
@@ -95,6 +96,7 @@ def improve(run, p: Problem, asg: Assignment, base: Plan, base_tl: Timeline, obj
              "window_ops": [w]}
     run.report(phase="lns", incumbent_us=inc.makespan / 1000, bound_us=compute / 1000, windows=0, accepted=0)
     history = [(inc.plan, inc.timeline)]
+    limit_ns = p.scale.ns(limit_ticks) if limit_ticks is not None else None
     det_budget = run.time_limit * DET_PER_WALL_LNS if run.deterministic else None
     while True:
         if inc.makespan <= compute:
@@ -105,7 +107,7 @@ def improve(run, p: Problem, asg: Assignment, base: Plan, base_tl: Timeline, obj
             break
         if det_budget is not None and run.det_used >= det_budget:
             break
-        window = next_window(p, inc, w, tried)
+        window = next_window(p, inc, w, tried) if objective != "peak" else peak_window(p, inc, w, tried)
         if window is None:
             if w >= min(n, MAX_WINDOW):
                 break
@@ -143,7 +145,7 @@ def improve(run, p: Problem, asg: Assignment, base: Plan, base_tl: Timeline, obj
             if DEBUG is not None:
                 DEBUG.append((frame, m, res, sol, plan, tl))
             continue
-        if (tl.metrics.makespan_ns, sum(tl.metrics.bytes_moved.values())) < (inc.makespan, inc.moved):
+        if _accept(tl, inc, objective, limit_ns):
             version = inc.version + 1
             inc = incumbent_from_plan(p, plan, tl)
             inc.version = version
@@ -158,6 +160,35 @@ def improve(run, p: Problem, asg: Assignment, base: Plan, base_tl: Timeline, obj
 
     history.sort(key=lambda c: (c[1].metrics.makespan_ns, sum(c[1].metrics.bytes_moved.values())))
     return place_hbm(run, p, history[:8])
+
+
+def _accept(tl: Timeline, inc: Incumbent, objective: str, limit_ns: int | None) -> bool:
+    """Makespan: faster, or as fast with fewer bytes moved. Peak: a lower peak within the makespan limit."""
+    m = tl.metrics
+    if objective == "peak":
+        ok = limit_ns is None or m.makespan_ns <= max(limit_ns, inc.makespan)
+        return ok and (m.peak_bytes["hbm"], m.makespan_ns) < (inc.timeline.metrics.peak_bytes["hbm"], inc.makespan)
+    return (m.makespan_ns, sum(m.bytes_moved.values())) < (inc.makespan, inc.moved)
+
+
+def peak_window(p: Problem, inc: Incumbent, w: int, tried) -> tuple[int, int] | None:
+    """For the peak objective: the untried window of ``w`` ops around the incumbent's HBM peak, then around the
+    next highest points of its occupancy."""
+    from planner.executor import occupancy
+
+    occ = occupancy(inc.timeline.residencies, "hbm")
+    if not occ:
+        return None
+    n = len(p.ops)
+    starts_ns = [inc.timeline.steps[i].start_ns for i, s in enumerate(inc.plan.steps) if s.kind.value == "compute"]
+    starts_ns.sort()
+    for _level, t in sorted(((-b, t) for t, b in occ))[:50]:
+        k = max(0, bisect.bisect_right(starts_ns, t) - 1)
+        i = max(0, min(n - w, k - w // 2))
+        j = min(n, i + w)
+        if (i, j, inc.version) not in tried:
+            return i, j
+    return None
 
 
 def _objective_of_hint(m: Model) -> float:

@@ -148,8 +148,14 @@ def plan_cpsat(
     run.stats["start_makespan_us"] = base_tl.metrics.makespan_ns / 1000
     best_plan, best_tl = base, base_tl
     compute = sum(op_durations_ns(graph, hw).values())
+    floor, why = _hbm_floor(graph)
     try:
-        if objective == "makespan" and base_tl.valid and base_tl.metrics.makespan_ns <= compute:
+        if hw.hbm_bytes < floor:
+            result = None
+            run.notes.append(f"infeasible: the HBM budget of {hw.hbm_bytes} B is below {why} ({floor} B); no plan "
+                             "can fit")
+            run.stats.update(status="INFEASIBLE", model="none")
+        elif objective == "makespan" and base_tl.valid and base_tl.metrics.makespan_ns <= compute:
             result = None
             run.notes.append(f"the starting plan ({base.planner}) already runs at the compute bound: optimal")
             run.stats.update(optimal=True, model="none", status="OPTIMAL")
@@ -174,6 +180,15 @@ def plan_cpsat(
     status = best_plan.status if best_tl.valid else "infeasible"
     return replace(best_plan, planner="cpsat", options=options, notes=tuple(dict.fromkeys(notes)),
                    stats={"cpsat": run.stats, **({"start": base.stats} if base.stats else {})}, status=status)
+
+
+def _hbm_floor(graph: Graph) -> tuple[int, str]:
+    from planner import bounds
+
+    if hasattr(bounds, "hbm_floor"):
+        return bounds.hbm_floor(graph)
+    b, op = bounds.largest_working_set(graph)
+    return b, f"the largest single-op working set (op {op!r})"
 
 
 def _bounds(run: Run, tl: Timeline, objective: str) -> None:
