@@ -71,7 +71,10 @@ def bench_cmd(suites, quick, only, budgets, planners, time_limit, seed, workers,
             rows.extend(bench.run_case(case, fractions, names, time_limit, seed, workers, progress))
             if output:
                 write_atomic(output, json.dumps({"rows": rows, "comparison": bench.compare(rows)}, indent=1))
-        Console().print(_table(rows))
+        out = Console()
+        if not out.is_terminal:
+            out = Console(width=160)  # a file or a pipe: do not squeeze the table to 80 columns
+        out.print(_table(rows))
         cmp = bench.compare(rows)
         if cmp:
             better = sum(1 for c in cmp if c["change"] < -1e-9)
