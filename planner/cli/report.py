@@ -282,17 +282,22 @@ def sweep_budget_cmd(graph_path, planners_text, planner_options, time_limit, job
     def go():
         from planner.report import budget_sweep
 
-        graph = api.load_graph(graph_path)
-        hw = build_hardware(hw_kw)
-        api.check_compatible(graph, hw, graph_path)
-        names = parse_planners(planners_text)
-        options = parse_planner_options(planner_options, time_limit, names)
+        graph, hw, names, options = _sweep_inputs(graph_path, hw_kw, planners_text, planner_options, time_limit)
         with progress_display(not quiet) as bar:
             sw = budget_sweep(graph, hw, parse_floats(fractions, "--fractions"), names, options, jobs,
                               bar("budget sweep"))
         _write_sweep(out_dir, sw, as_json)
 
     run_guarded(go)
+
+
+def _sweep_inputs(graph_path, hw_kw, planners_text, planner_options, time_limit):
+    """The graph, hardware, planner names and planner options a sweep command was given."""
+    graph = api.load_graph(graph_path)
+    hw = build_hardware(hw_kw)
+    api.check_compatible(graph, hw, graph_path)
+    names = parse_planners(planners_text)
+    return graph, hw, names, parse_planner_options(planner_options, time_limit, names)
 
 
 @sweep_group.command("bandwidth", epilog=SWEEP_EXAMPLES)
@@ -312,11 +317,7 @@ def sweep_bandwidth_cmd(graph_path, planners_text, planner_options, time_limit, 
     def go():
         from planner.report import bandwidth_sweep
 
-        graph = api.load_graph(graph_path)
-        hw = build_hardware(hw_kw)
-        api.check_compatible(graph, hw, graph_path)
-        names = parse_planners(planners_text)
-        options = parse_planner_options(planner_options, time_limit, names)
+        graph, hw, names, options = _sweep_inputs(graph_path, hw_kw, planners_text, planner_options, time_limit)
         links = [x.strip() for x in links_text.split(",") if x.strip()]
         with progress_display(not quiet) as bar:
             sw = bandwidth_sweep(graph, hw, parse_bandwidths(bandwidths), links, names, options, jobs,
