@@ -55,10 +55,10 @@ def check_compatible(graph: Graph, hw: Hardware, source: str = "<graph>") -> Non
     """Raise InputError when a tensor starts on a tier the hardware does not have."""
     tiers = {t.name for t in hw.tiers}
     for t in graph.tensors.values():
-        if t.name not in graph.producer and t.home not in tiers:
+        if t.name not in graph.producer and t.pinned and t.home not in tiers:
             raise InputError(
                 source, f"tensor {t.name!r}",
-                f"home tier {t.home!r} is not on hardware {hw.name!r} (tiers: {', '.join(sorted(tiers))})",
+                f"home tier {t.home!r} is not on hardware {hw.name!r} (tiers: {', '.join(sorted(tiers))}, or auto)",
             )
 
 

@@ -38,11 +38,12 @@ def compute_bound(graph: Graph, hw: Hardware) -> Bound:
 
 
 def initial_hbm_bytes(graph: Graph) -> int:
-    """Bytes that start on HBM and are still needed (used by an op, or outliving the step).
+    """Bytes pinned to start on HBM and still needed (used by an op, or outliving the step).
 
     The executor holds them from time 0, and none can leave at time 0 (a Detach needs a valid remote copy first,
     and a Store takes time), so no plan can run with less HBM than this either. Tensors that start on HBM and
-    are never needed can be dropped at once and do not count.
+    are never needed can be dropped at once and do not count; tensors whose starting tier the planner chooses
+    (home ``auto``) do not count either (they may start remote).
     """
     used = {t for op in graph.ops for t in op.reads}
     return sum(
@@ -56,7 +57,7 @@ def hbm_floor(graph: Graph) -> tuple[int, str]:
     ws, op = largest_working_set(graph)
     init = initial_hbm_bytes(graph)
     if init > ws:
-        return init, "bytes that start on HBM and are still needed"
+        return init, "bytes pinned to start on HBM and still needed"
     return ws, f"largest single-op working set (op {op!r})"
 
 
@@ -108,8 +109,8 @@ def makespan_bounds(graph: Graph, hw: Hardware) -> list[Bound]:
     """Makespan lower bounds that hold for every plan on ``hw`` at its HBM budget (``hw.hbm_bytes``):
 
     - total compute time (one compute stream);
-    - the first fetch of every tensor that starts on a remote tier and is read: the fetch links carry those
-      bytes, and the last fetch ends before some op runs;
+    - the first fetch of every tensor pinned to a remote tier and read: the fetch links carry those bytes, and
+      the last fetch ends before some op runs (a tensor whose tier the planner chooses may start on HBM);
     - per op ``o``, whatever the order: the tensors that must exist while ``o`` runs (made before it by its
       ancestors or present from the start, and still needed: read by ``o`` or a descendant, or outliving the
       step) exceed the budget by some bytes that must be off HBM when ``o`` starts. Those with no valid remote
@@ -131,7 +132,11 @@ def makespan_bounds(graph: Graph, hw: Hardware) -> list[Bound]:
     tidx = {t: k for k, t in enumerate(names)}
     size = np.array([graph.tensors[t].bytes for t in names], dtype=np.float64)
     used = {t for op in graph.ops for t in op.reads}
-    remote = np.array([t not in graph.producer and graph.tensors[t].home != HBM for t in names])
+    # Pinned remote: must be fetched before use. May start remote (pinned remote, or left to the planner): may
+    # be off HBM without a Store. Counting the free tensors in the second and not the first only lowers each term.
+    remote = np.array([t not in graph.producer and graph.tensors[t].pinned and graph.tensors[t].home != HBM
+                       for t in names])
+    may_be_remote = np.array([t not in graph.producer and graph.tensors[t].home != HBM for t in names])
     read = np.array([t in used for t in names])
     if fetch_rate > 0 and (remote & read).any():
         first = float(size[remote & read].sum()) / fetch_rate * 1e9
@@ -187,7 +192,7 @@ def makespan_bounds(graph: Graph, hw: Hardware) -> list[Bound]:
             if len(upd_t):
                 modified[upd_t[a[upd_o]]] = True
             # Off HBM for free: tensors that start remote, unmodified before o (never fetched, or dropped).
-            free = alive & ~ws & remote & ~modified
+            free = alive & ~ws & may_be_remote & ~modified
             excess_store = excess - float(size[free].sum())
             store_ns = max(0.0, excess_store) / store_rate * 1e9
         fetch_ns = 0.0

@@ -26,6 +26,7 @@ from planner.allocator import ALLOC, FREE, AllocatorReport, AllocRecord, check_o
 from planner.cost import op_durations_ns, transfer_duration_ns
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
+from planner.placement import check_placement, start_tiers
 from planner.plan import COMPUTE, Plan, Step, StepKind
 from planner.timeline import Metrics, Residency, StepTiming, Timeline, Violation
 
@@ -52,7 +53,8 @@ def simulate(
         return Timeline(steps=(), residencies=(), metrics=empty, violations=tuple(problems))
     durations = durations_ns if durations_ns is not None else op_durations_ns(graph, hw)
     timings, stall_ns = _time_steps(graph, hw, plan.steps, durations)
-    replay = _Replay(graph, hw, plan.steps, timings)
+    start = start_tiers(graph, plan.placement)
+    replay = _Replay(graph, hw, plan.steps, timings, start)
     residencies, violations = replay.run()
     extra: dict = {"allocator": "none"}
     if plan.offsets:
@@ -66,7 +68,7 @@ def simulate(
             # before the delays (the delays are assumed not to reorder allocations). See README.md.
             delays = _defrag_delays(report, plan.steps, timings)
             timings, stall_ns = _time_steps(graph, hw, plan.steps, durations, delays)
-            replay = _Replay(graph, hw, plan.steps, timings)
+            replay = _Replay(graph, hw, plan.steps, timings, start)
             residencies, violations = replay.run()
         extra = {
             "allocator": "caching", "defrag_events": len(report.defrags), "defrag_ns": report.defrag_ns,
@@ -136,6 +138,12 @@ def check_program(graph: Graph, hw: Hardware, plan: Plan) -> list[Violation]:
     for op in graph.ops:
         if op.name not in seen:
             out.append(Violation("program", 0, "op never runs", op=op.name))
+    for name, problem in check_placement(graph, hw, plan.placement):
+        out.append(Violation("program", 0, problem, tensor=name))
+    for name in graph.free_tensors:
+        if name not in plan.placement:
+            out.append(Violation("program", 0, "the graph leaves its starting tier to the planner (home 'auto') "
+                                 "and the plan's placement does not state it", tensor=name))
     if not out:
         for u, v in graph.dag.edges:
             if seen[u] > seen[v]:
@@ -201,8 +209,10 @@ class _TensorState:
 class _Replay:
     """Replays step starts and ends in time order, tracking copies, versions and allocations."""
 
-    def __init__(self, graph: Graph, hw: Hardware, steps: tuple[Step, ...], timings: list[StepTiming]) -> None:
+    def __init__(self, graph: Graph, hw: Hardware, steps: tuple[Step, ...], timings: list[StepTiming],
+                 start: dict[str, str]) -> None:
         self.g, self.hw, self.steps, self.t = graph, hw, steps, timings
+        self.start = start  # tensor no op produces -> the tier it starts on (and must be on when the step ends)
         self.links = {ln.name: ln for ln in hw.links}
         self.state = {name: _TensorState() for name in graph.tensors}
         # remote[tensor][tier] = version of the completed copy there
@@ -270,25 +280,39 @@ class _Replay:
         return ev
 
     def run(self) -> tuple[list[Residency], list[Violation]]:
-        for name, tensor in self.g.tensors.items():
-            if name in self.g.producer:
-                continue
-            if tensor.home == HBM:
+        for name, tier in self.start.items():
+            tensor = self.g.tensors[name]
+            if tier == HBM:
                 self.state[name].resident = True
-                self._alloc(HBM, name, tensor.kind.value, tensor.bytes, 0)
             else:
-                self.remote[name][tensor.home] = 0
-                self._alloc(tensor.home, name, tensor.kind.value, tensor.bytes, 0)
+                self.remote[name][tier] = 0
+            self._alloc(tier, name, tensor.kind.value, tensor.bytes, 0)
         for now, _prio, i, what in self._events():
             if what.startswith("dies:"):
                 self._dies(what[5:], now)
             else:
                 getattr(self, "_" + what)(i, now)
         end = max((tm.end_ns for tm in self.t), default=0)
+        self._check_restored(end)
         for tier, name in sorted(self.open):
             self._free(tier, name, end, until_end=True)
         self.residencies.sort(key=attrgetter("start_ns", "seq"))
         return self.residencies, self.violations
+
+    def _check_restored(self, end: int) -> None:
+        """Steady state: each tensor that outlives the step is back on its starting tier, latest version."""
+        for name, tier in self.start.items():
+            if not self.g.tensors[name].persistent:
+                continue
+            st = self.state[name]
+            if tier == HBM:
+                if not st.resident:
+                    self._violate("placement_not_restored", end, "started the step on hbm but is not resident when "
+                                  "it ends (the next step would find it missing)", None, tensor=name)
+            elif self.remote[name].get(tier) != st.version:
+                what = "holds no copy" if tier not in self.remote[name] else "holds a stale copy (updated since)"
+                self._violate("placement_not_restored", end, f"started the step on {tier} but {tier} {what} when "
+                              "the step ends: store it back after its last update", None, tensor=name)
 
     # -- event handlers
     def _op_start(self, i: int, now: int) -> None:

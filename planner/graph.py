@@ -44,10 +44,16 @@ class TensorKind(str, Enum):
 # Kinds whose contents outlive one step: after the step they must still exist on some tier.
 PERSISTENT_KINDS = frozenset({TensorKind.WEIGHT, TensorKind.OPTIMIZER_STATE, TensorKind.KV_CACHE, TensorKind.OUTPUT})
 
+# A ``home`` that leaves the starting tier to the planner (planner/placement.py). Any other home pins the tensor.
+AUTO = "auto"
+
 
 @dataclass(frozen=True)
 class Tensor:
-    """A tensor. ``home`` is the tier it lives on before the step starts (only for tensors no op produces)."""
+    """A tensor. ``home`` is the tier it lives on before the step starts (only for tensors no op produces): a tier
+    name pins it there; ``"auto"`` (for tensors that outlive the step) lets the planner choose, and the plan's
+    ``placement`` then says where it starts (and, steps repeating, where it must be again when the step ends).
+    """
 
     name: str
     bytes: int
@@ -59,6 +65,11 @@ class Tensor:
     @property
     def persistent(self) -> bool:
         return self.kind in PERSISTENT_KINDS
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the graph fixes the starting tier (``home`` is not ``"auto"``)."""
+        return self.home != AUTO
 
 
 @dataclass(frozen=True)
@@ -139,6 +150,10 @@ class Graph:
                 raise InputError(source, f"node {op.name!r}", "flops, bytes and workspace must not be negative")
             if op.duration_s is not None and (op.duration_s < 0 or not math.isfinite(op.duration_s)):
                 raise InputError(source, f"node {op.name!r}", "duration must be a non-negative number")
+        for t in tensor_map.values():
+            if t.home == AUTO and not t.persistent and t.name not in producer:
+                raise InputError(source, f"tensor {t.name!r}", f"home {AUTO!r} is only for tensors that outlive the "
+                                 f"step (weight, optimizer_state, kv_cache), not {t.kind.value}")
         for op in op_list:
             for tn in op.inputs + op.updates:
                 if tn in producer and producer[tn] == op.name:
@@ -171,6 +186,11 @@ class Graph:
             for t in op.reads:
                 out[t].append(op.name)
         return {k: tuple(v) for k, v in out.items()}
+
+    @cached_property
+    def free_tensors(self) -> tuple[str, ...]:
+        """Tensors whose starting tier the planner chooses: no op produces them and their home is ``"auto"``."""
+        return tuple(n for n, t in self.tensors.items() if t.home == AUTO and n not in self.producer)
 
     @cached_property
     def dag(self) -> nx.DiGraph:

@@ -48,6 +48,10 @@ class Plan:
     # an int for every residency of that name, or a list with one entry per residency in start order. Empty:
     # the executor places allocations with its caching allocator instead (see planner/allocator.py).
     offsets: dict = field(default_factory=dict)
+    # Starting tier of the tensors no op produces (planner/placement.py): required for those the graph leaves to
+    # the planner (home "auto"); a pinned tensor may be listed, on its pin. Steps repeat, so each must be on its
+    # starting tier again, latest version, when the step ends.
+    placement: dict = field(default_factory=dict)
 
     def compute_order(self) -> list[str]:
         return [s.target for s in self.steps if s.kind is StepKind.COMPUTE]

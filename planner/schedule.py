@@ -14,6 +14,7 @@ from planner.executor import simulate
 from planner.fileio import write_atomic
 from planner.graph import Graph
 from planner.hardware import Hardware
+from planner.placement import HOMES_KEY, apply_homes
 from planner.plan import Plan, Step, StepKind
 from planner.timeline import Timeline
 
@@ -33,9 +34,13 @@ def schedule_to_dict(graph: Graph, hw: Hardware, plan: Plan, timeline: Timeline)
         {"id": i, "start_us": tm.start_ns / 1000, "end_us": tm.end_ns / 1000, "channel": tm.channel}
         for i, tm in enumerate(timeline.steps)
     ]
+    graph_doc = {"name": graph.name, "sha256": graph.sha256, "ops": len(graph.ops), "tensors": len(graph.tensors)}
+    if graph.metadata.get(HOMES_KEY):
+        # Homes set on the command line (--home): validation applies them again to the file's graph.
+        graph_doc["homes"] = graph.metadata[HOMES_KEY]
     doc = {
         "format": FORMAT,
-        "graph": {"name": graph.name, "sha256": graph.sha256, "ops": len(graph.ops), "tensors": len(graph.tensors)},
+        "graph": graph_doc,
         "hardware": hw.to_dict(),
         "planner": {
             "name": plan.planner,
@@ -51,6 +56,8 @@ def schedule_to_dict(graph: Graph, hw: Hardware, plan: Plan, timeline: Timeline)
              "home": None if t.name in graph.producer else t.home}
             for t in graph.tensors.values()
         ],
+        # Where each tensor no op produces starts the step, and must be again when it ends (steady state).
+        "placement": [{"tensor": k, "tier": v} for k, v in sorted(plan.placement.items())],
         "program": program,
         "timeline": executed,
     }
@@ -103,8 +110,13 @@ def plan_from_dict(doc: dict, source: str) -> Plan:
             if not isinstance(e["name"], str) or not ok:
                 raise InputError(source, f"offsets[{j}]", "needs a name and a non-negative integer offset (or a list)")
             offsets[e["name"]] = v
+        placement: dict[str, str] = {}
+        for j, e in enumerate(doc.get("placement", ())):
+            if not isinstance(e.get("tensor"), str) or not isinstance(e.get("tier"), str):
+                raise InputError(source, f"placement[{j}]", "needs a tensor name and a tier name")
+            placement[e["tensor"]] = e["tier"]
         return Plan(doc["graph"]["name"], tuple(steps), p["name"], dict(p.get("options", {})), p.get("status", ""),
-                    tuple(p.get("notes", ())), offsets=offsets)
+                    tuple(p.get("notes", ())), offsets=offsets, placement=placement)
     except InputError:
         raise
     except (KeyError, TypeError, ValueError) as exc:
@@ -128,6 +140,11 @@ def validate_schedule(doc: dict, graph: Graph, source: str) -> ValidationReport:
     """
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise InputError(source, "format", f"not a {FORMAT} file")
+    homes = doc.get("graph", {}).get("homes")
+    if homes and not graph.metadata.get(HOMES_KEY):
+        if not isinstance(homes, dict):
+            raise InputError(source, "graph.homes", "must map tensor kinds to tiers or auto")
+        graph = apply_homes(graph, homes, source=source)
     recorded = doc.get("graph", {}).get("sha256")
     if recorded != graph.sha256:
         raise InputError(

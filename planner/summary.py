@@ -7,6 +7,7 @@ from rich.table import Table
 from planner.api import Result
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
+from planner.placement import bytes_by_kind
 from planner.units import format_bytes, format_time_us
 
 
@@ -30,6 +31,10 @@ def summary_dict(graph: Graph, hw: Hardware, result: Result, schedule_path: str 
         "no_offload_makespan_us": ref.makespan_ns / 1000,
         "overhead": round(result.overhead, 6),
         "bytes_moved": m.bytes_moved,
+        # Bytes of each kind that start the step on each tier (tensors no op produces); the planner chose the
+        # tiers of those the graph leaves free ("auto").
+        "start_placement": bytes_by_kind(graph, result.plan.placement),
+        "free_tensors": len(graph.free_tensors),
         "stall_us": m.stall_ns / 1000,
         "hidden_transfer_share": round(m.hidden_share, 6),
         "defrag_events": m.defrag_events,
@@ -61,6 +66,12 @@ def summary_table(d: dict) -> Table:
     table.add_row("overhead vs no offload", f"{d['overhead']:+.2%}")
     moved = ", ".join(f"{k} {format_bytes(v)}" for k, v in d["bytes_moved"].items() if v) or "nothing"
     table.add_row("bytes moved", moved)
+    placement = d.get("start_placement") or {}
+    if placement:
+        chosen = f" ({d['free_tensors']} tensors placed by the planner)" if d.get("free_tensors") else " (all pinned)"
+        table.add_row("start of step" + chosen, "; ".join(
+            f"{kind} " + ", ".join(f"{format_bytes(b)} {tier}" for tier, b in tiers.items())
+            for kind, tiers in placement.items()))
     table.add_row("compute stall", format_time_us(d["stall_us"]))
     table.add_row("transfer hidden behind compute", f"{d['hidden_transfer_share']:.1%}")
     if d.get("allocator") == "static":

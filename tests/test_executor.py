@@ -3,6 +3,7 @@
 import pytest
 from conftest import chain_graph, simple_hardware
 
+from planner.errors import InputError
 from planner.executor import occupancy, simulate
 from planner.graph import Graph, Op, Tensor, TensorKind
 from planner.plan import Plan, ProgramBuilder, Step, StepKind
@@ -125,14 +126,17 @@ def test_stale_copy_after_in_place_write():
     st = pb.compute("step")
     pb.detach("w", waits=[st])
     tl = simulate(g, simple_hardware(), pb.build("upd", "hand"))
-    assert kinds(tl) == ["data_loss"]
-    assert "stale" in tl.violations[0].message
-    # Storing again after the write makes the detach safe.
+    # The step also ends without the weight on HBM, where it started.
+    assert kinds(tl) == ["data_loss", "placement_not_restored"]
+    assert "stale" in next(v for v in tl.violations if v.kind == "data_loss").message
+    # Storing again after the write makes the detach safe; fetching it back restores the starting placement.
     pb2 = ProgramBuilder()
     for step in pb.steps[:-1]:
         pb2.steps.append(step)
     s2 = pb2.store("w", "d2h", waits=[st])
-    pb2.detach("w", "d2h", waits=[s2])
+    d2 = pb2.detach("w", "d2h", waits=[s2])
+    assert kinds(simulate(g, simple_hardware(), pb2.build("upd", "hand"))) == ["placement_not_restored"]
+    pb2.prefetch("w", "h2d", waits=[d2])
     assert simulate(g, simple_hardware(), pb2.build("upd", "hand")).valid
 
 
@@ -220,3 +224,53 @@ def test_workspace_counts_while_the_op_runs():
     tl = simulate(g, simple_hardware(), pb.build("ws", "hand"))
     assert tl.metrics.peak_bytes["hbm"] == 520
     assert occupancy(tl.residencies, "hbm")[-1] == (1000, 10)
+
+
+def updated_weight_graph(home: str) -> Graph:
+    return Graph.build(
+        "steady",
+        [Tensor("w", 40, TensorKind.WEIGHT, home=home), Tensor("a", 10), Tensor("g", 10, TensorKind.GRADIENT)],
+        [Op("use", "F", ("w",), ("a",), duration_s=1e-6), Op("grad", "F", ("a",), ("g",), duration_s=1e-6),
+         Op("step", "SGD", ("g",), (), ("w",), duration_s=1e-6)],
+    )
+
+
+def test_a_tensor_placed_remote_is_fetched_first_and_stored_back_after_its_update():
+    g = updated_weight_graph("auto")
+    pb = ProgramBuilder()
+    f = pb.prefetch("w", "h2d")
+    pb.compute("use", waits=[f])
+    pb.compute("grad")
+    st = pb.compute("step")
+    # Without a placement the plan is malformed: the graph leaves the tier to the planner.
+    tl = simulate(g, simple_hardware(), pb.build("steady", "hand"))
+    assert kinds(tl) == ["program"] and tl.violations[0].tensor == "w"
+    # Placed on the host: not resident at time 0, and the updated version must go back to the host.
+    tl = simulate(g, simple_hardware(), pb.build("steady", "hand", placement={"w": "host"}))
+    assert kinds(tl) == ["placement_not_restored"] and "stale" in tl.violations[0].message
+    s = pb.store("w", "d2h", waits=[st])
+    pb.detach("w", "d2h", waits=[s])
+    tl = simulate(g, simple_hardware(), pb.build("steady", "hand", placement={"w": "host"}))
+    assert tl.valid
+    assert [r for r in tl.residencies if r.tier == "host" and r.name == "w"][0].start_ns == 0
+
+
+def test_a_placement_must_respect_pins_and_tiers():
+    g = updated_weight_graph("hbm")
+    pb = ProgramBuilder()
+    for op in g.ops:
+        pb.compute(op.name)
+    assert simulate(g, simple_hardware(), pb.build("steady", "hand")).valid
+    assert simulate(g, simple_hardware(), pb.build("steady", "hand", placement={"w": "hbm"})).valid
+    bad = simulate(g, simple_hardware(), pb.build("steady", "hand", placement={"w": "host"}))
+    assert kinds(bad) == ["program"] and "pins it" in bad.violations[0].message
+    free = updated_weight_graph("auto")
+    bad = simulate(free, simple_hardware(), pb.build("steady", "hand", placement={"w": "pool"}))
+    assert kinds(bad) == ["program"] and "does not have" in bad.violations[0].message
+    # On HBM from time 0, where it stays: valid with no cache op at all.
+    assert simulate(free, simple_hardware(), pb.build("steady", "hand", placement={"w": "hbm"})).valid
+
+
+def test_auto_home_is_only_for_tensors_that_outlive_the_step():
+    with pytest.raises(InputError, match="outlive the step"):
+        Graph.build("x", [Tensor("x", 4, TensorKind.INPUT, home="auto")], [Op("o", "F", ("x",), ())])

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from planner.bounds import initial_hbm_bytes, largest_working_set
 from planner.executor import simulate
-from planner.graph import Graph, Op, Tensor, TensorKind
+from planner.graph import AUTO, Graph, Op, Tensor, TensorKind
 from planner.hardware import HBM, Hardware, Link, Tier
 from planner.planners.greedy import plan_greedy
 from planner.planners.none import plan_none
@@ -30,7 +30,9 @@ def graphs(draw, remote_tiers=("host",), max_ops: int = 10) -> Graph:
     avail: list[str] = []
     for k in range(draw(st.integers(1, 4))):
         kind = draw(st.sampled_from(PRE_KINDS))
-        home = draw(st.sampled_from((HBM,) + tuple(remote_tiers)))
+        # Persistent tensors may be left to the planner (home auto); inputs are always pinned.
+        homes = (HBM,) + tuple(remote_tiers) + ((AUTO,) if kind is not TensorKind.INPUT else ())
+        home = draw(st.sampled_from(homes))
         tensors.append(Tensor(f"p{k}", draw(st.integers(1, 1000)), kind, home=home))
         avail.append(f"p{k}")
     updatable = [t.name for t in tensors if t.persistent]
@@ -71,6 +73,21 @@ def no_offload_peak(g: Graph, hw: Hardware) -> int:
     return simulate(g, big, plan_none(g, big)).metrics.peak_bytes[HBM]
 
 
+def assert_restored(g: Graph, plan, tl) -> None:
+    """Independently of the executor's own check: the plan states where every free tensor starts, keeps every
+    pin, and each tensor that outlives the step still holds a copy on its starting tier when the step ends."""
+    assert set(g.free_tensors) <= set(plan.placement)
+    held = {(r.tier, r.name) for r in tl.residencies if r.until_end}
+    for name, t in g.tensors.items():
+        if name in g.producer:
+            continue
+        tier = plan.placement.get(name, t.home)
+        if t.pinned:
+            assert tier == t.home
+        if t.persistent:
+            assert (tier, name) in held, (name, tier)
+
+
 def check(g: Graph, hw: Hardware) -> None:
     budget = hw.hbm_bytes
     lws, _op = largest_working_set(g)
@@ -78,6 +95,7 @@ def check(g: Graph, hw: Hardware) -> None:
         plan = fn(g, hw)
         tl = simulate(g, hw, plan)
         if tl.valid:
+            assert_restored(g, plan, tl)
             if name == "greedy":
                 assert plan.status == "feasible", plan.notes
             continue

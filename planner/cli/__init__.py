@@ -16,6 +16,7 @@ from rich.markup import escape
 from planner import api
 from planner.errors import InfeasibleBudget, InputError
 from planner.formats import read_json
+from planner.placement import apply_homes, parse_homes
 from planner.summary import summary_dict, summary_table
 from planner.units import format_bytes
 
@@ -171,6 +172,10 @@ def load_options(kw: dict) -> dict:
                    "(same as --planner greedy-sweep).")
 @click.option("-O", "--planner-option", "planner_options", multiple=True, metavar="KEY=VALUE",
               help="Passed straight to the planner, e.g. -O lookahead=2.")
+@click.option("--home", "homes", multiple=True, metavar="KIND=TIER|auto",
+              help="Where tensors of a kind start the step (and end it), overriding the graph: a tier pins them, "
+                   "auto lets the planner choose, e.g. --home weight=auto --home optimizer_state=host "
+                   "(kinds: weight, optimizer_state, kv_cache, input, ...). Repeatable.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False),
               help="Schedule file to write (default: ./<graph>.<planner>.schedule.json).")
 @click.option("--no-output", is_flag=True, help="Do not write a schedule file.")
@@ -182,7 +187,7 @@ def load_options(kw: dict) -> dict:
 @click.option("--seed", type=int, default=None, help="cpsat: random seed (default 0).")
 @click.option("--workers", type=int, default=None,
               help="cpsat: solver threads (default 2); 1 makes the run deterministic for a given --seed.")
-def plan_cmd(graph_path, planner_name, planner_options, output, no_output, as_json, trace_path, greedy_sweep,
+def plan_cmd(graph_path, planner_name, planner_options, homes, output, no_output, as_json, trace_path, greedy_sweep,
              time_limit, seed, workers, **hw_kw):
     """Plan GRAPH for an HBM budget, validate the plan, print a summary, write a schedule."""
     if greedy_sweep:
@@ -194,6 +199,7 @@ def plan_cmd(graph_path, planner_name, planner_options, output, no_output, as_js
         t0 = time.monotonic()
         graph = api.load_graph(graph_path, **load_options(hw_kw))
         hw = build_hardware(hw_kw)
+        graph = apply_homes(graph, parse_homes(homes), hw)
         options = {k: _option_value(v) for k, v in _pairs(planner_options, "--planner-option").items()}
         options.update(_solver_options(planner_name, time_limit, seed, workers))
         if "time_limit" in options:

@@ -37,7 +37,7 @@ from collections import Counter
 from typing import Any
 
 from planner.errors import InputError
-from planner.graph import Graph, Op, Tensor, TensorKind
+from planner.graph import AUTO, Graph, Op, Tensor, TensorKind
 
 DEFAULT_TIME_UNIT_S = 1e-5
 MACS_THRESHOLD = 1e9
@@ -131,8 +131,9 @@ def graph_from_node_link(doc: Any, source: str, time_unit_s: float | None = None
         kind = TensorKind.OUTPUT if succs[k] == 0 else TensorKind.GRADIENT if r["backward"] else TensorKind.ACTIVATION
         tensors.append(Tensor(name=t, bytes=max(1, math.ceil(r["size"] * size_unit_bytes)), kind=kind))
         if r["param"] > 0:
+            # The format names no tiers: where parameters start is the planner's choice (planner/placement.py).
             tensors.append(Tensor(name=f"{op_name[k]}:param", bytes=max(1, math.ceil(r["param"] * size_unit_bytes)),
-                                  kind=TensorKind.WEIGHT))
+                                  kind=TensorKind.WEIGHT, home=AUTO))
     sizes = {t.name: t.bytes for t in tensors}
 
     # Op order: the file's topological order when it gives one, else node order (Graph.build sorts stably).

@@ -35,7 +35,8 @@ from pathlib import Path
 
 from planner.errors import InputError
 from planner.formats.onnx_flops import node_flops
-from planner.graph import DTYPE_BYTES, Graph, Op, Tensor, TensorKind
+from planner.graph import AUTO, DTYPE_BYTES, Graph, Op, Tensor, TensorKind
+from planner.hardware import HBM
 
 # TensorProto.DataType -> our dtype name (planner.graph.DTYPE_BYTES).
 ONNX_DTYPES: dict[int, str] = {
@@ -256,8 +257,10 @@ def graph_from_model(model, source: str = "<onnx>", dims: dict[str, int] | None 
         if per is None:
             raise InputError(source, f"value {t!r}", f"unsupported element type {dtype_id}")
         nbytes = max(1, math.ceil(math.prod(shapes[t]) * per))
-        tensors[t] = Tensor(name=t, bytes=nbytes, kind=kinds.get(t, TensorKind.ACTIVATION), shape=shapes[t],
-                            dtype=dtype)
+        kind = kinds.get(t, TensorKind.ACTIVATION)
+        # An imported model names no tiers: where its weights start is the planner's choice (planner/placement.py).
+        tensors[t] = Tensor(name=t, bytes=nbytes, kind=kind, shape=shapes[t], dtype=dtype,
+                            home=AUTO if kind is TensorKind.WEIGHT else HBM)
     final_ops = []
     for op in ops:
         accessed = sum(tensors[t].bytes for t in dict.fromkeys(op.inputs + op.outputs))

@@ -32,6 +32,7 @@ from planner.executor import simulate
 from planner.graph import Graph
 from planner.hardware import Hardware
 from planner.offsets import assign_offsets, offsets_height
+from planner.placement import plan_placement
 from planner.plan import COMPUTE, Plan, ProgramBuilder
 from planner.planners.greedy_select import Context, Gap, select_gaps
 from planner.planners.refine import place, resolve_copies
@@ -179,12 +180,12 @@ def build_plan(ctx: Context, settings: Settings, budget: int, name: str = "greed
                 f"op {op.name!r}: at least {int(L[worst])} B must stay on HBM, over the budget of {budget} B, "
                 "because the remote tiers have no room for the rest"
             )
-    plan = emit(ctx, gaps, name)
+    plan = replace(emit(ctx, gaps, name), placement=plan_placement(ctx.graph, {**ctx.unused_remote, **ctx.wrapped}))
     options = dict(settings.as_dict(), order=ctx.order_name)
     stats = {
         "gaps_offloaded": len(gaps),
         "stores": sum(1 for g in gaps if g.needs_store),
-        "prefetches": sum(1 for g in gaps if g.u < ctx.n),
+        "prefetches": sum(1 for g in gaps if ctx.fetches(g)),
         "estimated_peak_hbm_bytes": int(L.max(initial=0)),
         "planning_budget_bytes": int(budget),
     }
@@ -200,7 +201,7 @@ def emit(ctx: Context, gaps: list[Gap], name: str = "greedy") -> Plan:
     for g in gaps:
         if not g.pre_absent:
             detach_at.setdefault(g.r, []).append(g)
-        if g.u < n:
+        if ctx.fetches(g):
             fetch_at.setdefault(g.q, []).append(g)
         if g.needs_store:
             store_after.setdefault(g.a, []).append(g)
@@ -226,6 +227,9 @@ def emit(ctx: Context, gaps: list[Gap], name: str = "greedy") -> Plan:
         waits = [fetched[(t, i)] for t in op.reads if (t, i) in fetched]
         last_cs = pb.compute(op.name, waits=waits)
         stores(i, [last_cs])
+    # Tensors that started the step on HBM and left it after their last use come back before the step ends.
+    for g in sorted(fetch_at.get(n, ()), key=lambda g: g.tensor):
+        pb.prefetch(g.tensor, ctx.fetch_link[g.fetch_tier], waits=[] if last_cs is None else [last_cs])
     return pb.build(ctx.graph.name, name)
 
 

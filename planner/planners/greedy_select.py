@@ -14,6 +14,13 @@ use of a tensor that starts on HBM (``head``), after the last use of a tensor th
 (``tail``), or the whole step for a tensor no op uses. Offloading a gap removes the tensor from HBM for ops
 ``r .. q-1`` with ``a < r < q <= u``, where ``a`` is the use before the gap (-1 for none) and ``u`` the use after
 it (``n`` for none). A tensor that starts on a remote tier has a mandatory gap before its first use.
+
+Steps repeat (planner/placement.py), so a tensor that outlives the step ends it where it started: one pinned to
+HBM has no tail gap, and one pinned remote and updated in place has a mandatory tail gap whose Store goes to its
+own tier. A tensor whose tier the planner chooses has a *wrap-around gap*: from its last use in one step to its
+first use in the next, i.e. a head part (off HBM until its first use: it starts remote, nothing to store) and a
+tail part (off HBM after its last use: stored back when updated). The two parts are one candidate, selected
+together; selecting it places the tensor on the fastest remote tier, leaving it places it on HBM.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.cost import op_durations_ns, transfer_duration_ns
-from planner.graph import Graph
+from planner.graph import AUTO, Graph
 from planner.hardware import HBM, Hardware
 from planner.planners.ordering import best_no_offload_order, graph_order
 
@@ -38,6 +45,9 @@ class Gap:
     pre_absent: bool = False  # starts on a remote tier: nothing to store or detach, only to prefetch
     droppable: bool = False  # never used and not needed after the step: a Detach with no Store frees it
     mandatory: bool = False
+    wrap: bool = False  # a part of a wrap-around gap (see the module doc)
+    partner: int | None = None  # the other part of a wrap-around gap (index into Context.gaps)
+    back: bool = False  # after the last use of a tensor that starts on HBM: fetched back before the step ends
     score: float = 0.0  # bytes x the gap's compute time
     stall: int = 0  # estimated stall if offloaded alone: store + fetch time beyond the gap's compute time
     selected: bool = False
@@ -95,6 +105,10 @@ class Context:
             ws[i] = op.workspace_bytes
         self.acc, self.upd = acc, upd
         self.workspace = ws
+        # Free tensors (home auto) that no op uses start on the fastest remote tier: nothing to gain on HBM.
+        self.unused_remote = {t: self.tiers[0] for t in graph.free_tensors if not acc[t] and self.tiers}
+        # Free tensors placed remote by the current selection (their wrap-around gap is taken): tensor -> tier.
+        self.wrapped: dict[str, str] = {}
         self.base = self._baseline()
         self.gaps = self._gaps()
 
@@ -127,7 +141,7 @@ class Context:
         uses = self.acc[t]
         if t in g.producer:
             return (uses[0], n - 1 if tensor.persistent else uses[-1])
-        if tensor.home != HBM and not uses:
+        if not uses and (t in self.unused_remote or (tensor.pinned and tensor.home != HBM)):
             return None
         last = n - 1 if (tensor.persistent or not uses) else uses[-1]
         return (0, last)
@@ -148,29 +162,71 @@ class Context:
         for t, tensor in g.tensors.items():
             b = tensor.bytes
             uses = self.acc[t]
-            if t not in g.producer:
-                if tensor.home != HBM:
+            produced = t in g.producer
+            if not produced:
+                if tensor.home == AUTO:
+                    if uses:
+                        head = Gap(t, b, -1, uses[0], pre_absent=True, wrap=True, partner=len(out) + 1)
+                        tail = Gap(t, b, uses[-1], n, wrap=True, partner=len(out))
+                        out += [head, tail]
+                elif tensor.home != HBM:
                     if uses:
                         out.append(Gap(t, b, -1, uses[0], pre_absent=True, mandatory=True))
                 elif not uses:
-                    out.append(Gap(t, b, -1, n, droppable=not tensor.persistent, mandatory=not tensor.persistent))
+                    if not tensor.persistent:
+                        out.append(Gap(t, b, -1, n, droppable=True, mandatory=True))
+                    else:  # stored, dropped and fetched back before the step ends
+                        out.append(Gap(t, b, -1, n, back=True))
                 elif uses[0] >= 1:
                     out.append(Gap(t, b, -1, uses[0]))
             for a, u in zip(uses, uses[1:]):
                 if u - a >= 2:
                     out.append(Gap(t, b, a, u))
-            if uses and tensor.persistent and uses[-1] <= n - 2:
-                out.append(Gap(t, b, uses[-1], n))
+            if not uses or not tensor.persistent:
+                continue
+            if produced:
+                if uses[-1] <= n - 2:
+                    out.append(Gap(t, b, uses[-1], n))
+            elif tensor.pinned and tensor.home == HBM:
+                # Off HBM after its last use, back before the step ends (the next step finds it there).
+                if uses[-1] <= n - 2:
+                    out.append(Gap(t, b, uses[-1], n, back=True))
+            elif tensor.pinned:
+                # Back to its own tier: a Store after the last update is required; a Detach alone is free.
+                if self.upd[t]:
+                    out.append(Gap(t, b, uses[-1], n, mandatory=True))
+                elif uses[-1] <= n - 2:
+                    out.append(Gap(t, b, uses[-1], n))
         for gap in out:
             window = self.start_of(gap.u) - self.end_of(gap.a)
             gap.score = float(gap.bytes) * float(window)
             gap.stall = max(0, self.transfer_cost(gap) - window)
+        for gap in out:
+            if gap.wrap and gap.pre_absent:
+                # One candidate: both parts rank by what they free and cost together.
+                tail = out[gap.partner]
+                gap.score = tail.score = gap.score + tail.score
+                gap.stall = tail.stall = gap.stall + tail.stall
         return out
+
+    def fetches(self, gap: Gap) -> bool:
+        """Whether the gap ends with a Prefetch (before a use, or before the step ends)."""
+        return gap.u < self.n or gap.back
+
+    def home_of(self, t: str) -> str:
+        """The tier ``t`` starts on under the current selection (``hbm`` for tensors an op produces)."""
+        tensor = self.graph.tensors[t]
+        if t in self.graph.producer:
+            return HBM
+        if tensor.pinned:
+            return tensor.home
+        return self.wrapped.get(t) or self.unused_remote.get(t) or HBM
 
     def has_home_copy(self, gap: Gap) -> bool:
         """Whether the tensor's home copy on a remote tier is still valid at the start of the gap."""
-        t = self.graph.tensors[gap.tensor]
-        if gap.tensor in self.graph.producer or t.home == HBM:
+        if gap.tensor in self.graph.producer:
+            return False
+        if not gap.wrap and self.home_of(gap.tensor) == HBM:
             return False
         ups = self.upd[gap.tensor]
         return not ups or ups[0] > gap.a
@@ -180,7 +236,7 @@ class Context:
         if not self.tiers or gap.droppable:
             return 0
         store = 0 if (gap.pre_absent or self.has_home_copy(gap)) else self.store_ns(gap.bytes)
-        return store + (self.fetch_ns(gap.bytes) if gap.u < self.n else 0)
+        return store + (self.fetch_ns(gap.bytes) if self.fetches(gap) else 0)
 
 
 class LinkCalendar:
@@ -206,8 +262,8 @@ class LinkCalendar:
         if not gap.pre_absent and not ctx.has_home_copy(gap):
             store = ctx.store_link[ctx.tiers[0]]
             ts = ctx.transfer_ns(gap.bytes, store)
-        if gap.u < ctx.n:
-            home = ctx.graph.tensors[gap.tensor].home
+        if ctx.fetches(gap):
+            home = ctx.home_of(gap.tensor)
             tier = home if store is None and home != HBM else ctx.tiers[0]
             fetch = ctx.fetch_link[tier]
             tf = ctx.transfer_ns(gap.bytes, fetch)
@@ -272,28 +328,56 @@ def select_gaps(
     """
     for gap in ctx.gaps:
         gap.selected = gap.mandatory
+    ctx.wrapped = {}
     pd, rd = max(0, prefetch_distance), max(1, release_distance)
 
     def nominal(gap: Gap) -> tuple[int, int]:
         lo = 0 if gap.pre_absent else (gap.lo if gap.droppable else max(gap.lo, gap.a + rd))
-        hi = gap.u if gap.u >= ctx.n else max(lo, gap.u - pd)
+        hi = max(lo, gap.u - pd) if ctx.fetches(gap) else gap.u
         return lo, hi
 
+    # Room on each remote tier for tensors placed there by a wrap-around gap (pinned homes hold theirs).
+    room = {t: ctx.hw.tier(t).capacity_bytes for t in ctx.tiers}
+    for name, tensor in ctx.graph.tensors.items():
+        home = ctx.home_of(name) if name not in ctx.graph.producer else HBM
+        if home in room:
+            room[home] -= tensor.bytes
+
     cal = LinkCalendar(ctx)
+
+    def parts(gap: Gap) -> list[Gap]:
+        return [gap] if gap.partner is None else [gap, ctx.gaps[gap.partner]]
+
+    def take(gap: Gap) -> list[Gap]:
+        """Select ``gap`` (with its other part, placing the tensor, for a wrap-around gap); return what was
+        selected (nothing when no remote tier has room for the tensor)."""
+        if gap.wrap:
+            tier = next((t for t in ctx.tiers if room[t] >= gap.bytes), None)
+            if tier is None:
+                return []
+            room[tier] -= gap.bytes
+            ctx.wrapped[gap.tensor] = tier
+        taken = parts(gap)
+        for p in taken:
+            p.selected = True
+            cal.book(p)
+        return taken
+
     for gap in ctx.gaps:
         if gap.selected:
             cal.book(gap)
     if select_num > 0 and ctx.tiers:
+        # Where a tensor starts is a budget decision (step 3), not one the distance rule makes for its own sake:
+        # its first fetch has only the ops before the first use to hide behind.
         pool = [gap for gap in ctx.gaps
-                if not gap.selected and gap.stall == 0 and gap.u - gap.a >= max(2, select_distance)]
+                if not gap.selected and gap.stall == 0 and gap.u - gap.a >= max(2, select_distance)
+                and not gap.wrap]
         pool.sort(key=lambda g: (-g.score, g.tensor, g.a))
         taken = 0
         for gap in pool:
             if taken >= select_num:
                 break
-            if cal.stall(gap) == 0:
-                gap.selected = True
-                cal.book(gap)
+            if cal.stall(gap) == 0 and take(gap):
                 taken += 1
 
     def sweep(L: np.ndarray, rng) -> int | None:
@@ -313,17 +397,15 @@ def select_gaps(
                 j += 1
             while L[i] > budget and heap:
                 st, sc, t, a, k, hi = heapq.heappop(heap)
-                if hi <= i:
-                    continue
                 gap = ctx.gaps[k]
+                if hi <= i or gap.selected:
+                    continue
                 now = cal.stall(gap)
                 if now > st and heap and (now, sc) > heap[0][:2]:
                     heapq.heappush(heap, (now, sc, t, a, k, hi))  # the links got busier: look again later
                     continue
-                gap.selected = True
-                cal.book(gap)
-                lo, hi = rng(gap)
-                _cover(L, lo, hi, gap.bytes)
+                for p in take(gap):
+                    _cover(L, *rng(p), p.bytes)
             if L[i] > budget and first_over is None:
                 first_over = i
         return first_over

@@ -1,37 +1,49 @@
-"""The no-offload baseline: everything stays on HBM; what starts on a remote tier is prefetched first."""
+"""The no-offload baseline: everything stays on HBM; what is pinned to a remote tier is prefetched first and,
+when updated in place, stored back after its last update (steps repeat: see planner/placement.py)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from planner.executor import simulate
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
+from planner.placement import plan_placement, with_placement
 from planner.plan import Plan, ProgramBuilder
 from planner.planners.ordering import best_no_offload_order, graph_order
 
 
 def plan_none(graph: Graph, hw: Hardware, order: str = "auto") -> Plan:
-    """Return a plan with no cache ops but the initial prefetches of tensors that start off HBM.
+    """Return a plan with no cache ops but the initial prefetches of tensors pinned off HBM and the store-back of
+    those updated in place. Tensors whose tier the planner chooses start on HBM.
 
     ``order``: ``auto`` (the lower-peak of the graph's order and a memory-aware one) or ``graph``.
     """
-    names = best_no_offload_order(graph) if order == "auto" else graph_order(graph)
+    placement = plan_placement(graph)
+    placed = with_placement(graph, placement)
+    names = best_no_offload_order(placed) if order == "auto" else graph_order(placed)
     pb = ProgramBuilder()
     fetched: dict[str, int] = {}
-    used = {t for op in graph.ops for t in op.reads}
-    for name, t in graph.tensors.items():
-        if name not in graph.producer and t.home != HBM and name in used:
-            fetched[name] = pb.prefetch(name, hw.fetch_link(t.home).name)
+    used = {t for op in placed.ops for t in op.reads}
+    for name, tier in placement.items():
+        if tier != HBM and name in used:
+            fetched[name] = pb.prefetch(name, hw.fetch_link(tier).name)
+    last_update = {t: name for name in names for t in placed.op(name).updates}
+    store_after: dict[str, list[str]] = {}
+    for t, name in last_update.items():
+        if placement.get(t, HBM) != HBM:
+            store_after.setdefault(name, []).append(t)
     for name in names:
-        op = graph.op(name)
-        pb.compute(name, waits=[fetched[t] for t in op.reads if t in fetched])
-    plan = pb.build(graph.name, "none", options={"order": order})
+        op = placed.op(name)
+        step = pb.compute(name, waits=[fetched[t] for t in op.reads if t in fetched])
+        for t in sorted(store_after.get(name, ())):
+            pb.store(t, hw.store_link(placement[t]).name, waits=[step])
+    plan = pb.build(graph.name, "none", options={"order": order}, placement=placement)
     # None never offloads: when its own peak is over the budget, no plan of this planner fits. Say so.
-    from planner.executor import simulate
-
     peak = simulate(graph, hw, plan, allocator=False).metrics.peak_bytes.get(HBM, 0)
     if peak > hw.hbm_bytes:
         return replace(plan, status="infeasible", notes=(
-            f"the no-offload peak is {peak} B, over the HBM budget of {hw.hbm_bytes} B; none never offloads",
+            f"the no-offload peak is {peak} B, over the HBM budget of {hw.hbm_bytes} B; none never offloads "
+            "(every tensor whose tier it may choose starts on HBM)",
         ))
     return plan

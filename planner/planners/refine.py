@@ -24,6 +24,7 @@ import bisect
 
 import numpy as np
 
+from planner.hardware import HBM
 from planner.planners.greedy_select import Context, Gap
 
 
@@ -38,17 +39,19 @@ def resolve_copies(ctx: Context, gaps: list[Gap]) -> list[str]:
     notes: list[str] = []
     g, hw = ctx.graph, ctx.hw
     used = {t: 0 for t in ctx.tiers}
-    for t in g.tensors.values():
-        if t.name not in g.producer and t.home in used:
-            used[t.home] += t.bytes
+    for t in g.tensors:
+        home = ctx.home_of(t)
+        if home in used:
+            used[home] += g.tensors[t].bytes
     holds: dict[str, set[str]] = {}
     by_tensor: dict[str, list[Gap]] = {}
     for gap in gaps:
         by_tensor.setdefault(gap.tensor, []).append(gap)
     for t, tgaps in by_tensor.items():
         tensor = g.tensors[t]
+        home = ctx.home_of(t)
         tgaps.sort(key=lambda x: x.a)
-        valid: set[str] = {tensor.home} if (t not in g.producer and tensor.home != "hbm") else set()
+        valid: set[str] = {home} if home != HBM else set()
         cursor = -1
         updates = ctx.upd[t]
         for gap in tgaps:
@@ -58,7 +61,12 @@ def resolve_copies(ctx: Context, gaps: list[Gap]) -> list[str]:
             cursor = max(cursor, gap.a)
             gap.needs_store = False
             gap.store_tier = None
-            if not gap.pre_absent and not gap.droppable and not valid:
+            if gap.u >= ctx.n and home != HBM and tensor.persistent and t not in g.producer:
+                # The step ends with the tensor back on its own tier (its room there is held).
+                if home not in valid:
+                    gap.needs_store, gap.store_tier = True, home
+                    valid = {home}
+            elif not gap.pre_absent and not gap.droppable and not valid:
                 tier = next(
                     (x for x in ctx.tiers
                      if x in holds.get(t, set()) or used[x] + gap.bytes <= hw.tier(x).capacity_bytes),
@@ -74,7 +82,7 @@ def resolve_copies(ctx: Context, gaps: list[Gap]) -> list[str]:
                     used[tier] += gap.bytes
                 gap.needs_store, gap.store_tier = True, tier
                 valid = {tier}
-            gap.fetch_tier = min(valid, key=ctx.tiers.index) if (valid and gap.u < ctx.n) else None
+            gap.fetch_tier = min(valid, key=ctx.tiers.index) if (valid and ctx.fetches(gap)) else None
     return notes
 
 
@@ -97,7 +105,7 @@ def _fetch_latest_starts(ctx: Context, gaps: list[Gap]) -> dict[int, int]:
     """Latest start of each gap's Prefetch that still ends by its deadline, scheduled backwards per link."""
     nxt = {ln.name: [np.iinfo(np.int64).max] * ln.channels for ln in ctx.hw.links}
     out: dict[int, int] = {}
-    order = sorted((k for k, gp in enumerate(gaps) if gp.u < ctx.n and gp.fetch_tier),
+    order = sorted((k for k, gp in enumerate(gaps) if ctx.fetches(gp) and gp.fetch_tier),
                    key=lambda k: (-gaps[k].u, gaps[k].tensor))
     for k in order:
         gap = gaps[k]
@@ -140,16 +148,16 @@ def place(ctx: Context, gaps: list[Gap], L: np.ndarray, budget: int, prefetch_di
             hidden = True
         # Prefetch: as late as its link allows it to end in time, at least prefetch_distance ops before the use.
         q = u
-        if u < n:
+        if ctx.fetches(gap):
             first = 0 if gap.pre_absent else r + 1
             ls = latest.get(k)
             q_hide = bisect.bisect_right(S, ls) - 1 if ls is not None and ls >= 0 else 0
             want = max(first, min(u - pd, q_hide))
-            hidden = hidden and ls is not None and ls >= S[first]
+            hidden = hidden and ls is not None and ls >= ctx.start_of(first)
             if want < u:
                 over = np.flatnonzero(L[want:u] + b > budget)
                 q = want + int(over[-1]) + 1 if len(over) else want
-        if not hidden and not gap.mandatory and not gap.pre_absent:
+        if not hidden and not gap.mandatory and not gap.pre_absent and not gap.wrap:
             # Cannot hide both transfers: keep the tensor on HBM if the budget allows.
             if int(L[r:q].max(initial=0)) + b <= budget:
                 L[lo:u] += b

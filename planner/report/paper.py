@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from planner import api
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware, preset
+from planner.placement import bytes_by_kind
 from planner.planners.none import plan_none
 from planner.report.compare import VALID, available_planners, lower_bounds, run_planner
 from planner.report.sweeps import (
@@ -169,6 +170,8 @@ def _paper_point(p: dict) -> dict:
     row["seq_len"] = p["seq_len"]
     row["bandwidth_GBps"] = p.get("bandwidth_GBps")
     row["tag"] = p.get("tag")
+    # Where the tensors no op produces start the step (bytes per kind and tier): the planners choose for weights.
+    row["start_placement"] = bytes_by_kind(graph, run.plan.placement) if run.plan is not None else None
     if run.timeline is not None and run.timeline.steps and "decode_steps" in p:
         row.update(phase_latencies(run.plan, run.timeline, p["decode_steps"]))
     else:
@@ -294,6 +297,15 @@ def _pct(v) -> str:
     return "–" if v is None else f"{100 * v:+.1f}%"
 
 
+def _start(row: dict | None, kind: str) -> str:
+    """Bytes of ``kind`` the plan starts on HBM and off it: "1.20 GB / 3.45 GB"."""
+    tiers = ((row or {}).get("start_placement") or {}).get(kind)
+    if not tiers:
+        return "–"
+    on = tiers.get(HBM, 0)
+    return f"{_gb(on)} / {_gb(sum(tiers.values()) - on)}"
+
+
 def inference_table(res: dict) -> str:
     from planner.report.writer import markdown_table
 
@@ -332,6 +344,9 @@ def inference_table(res: dict) -> str:
         ("decode latency per step at the budget", "0.117 s", "0.146 s",
          lambda r: _ms(r["at_budget"]["decode_us_per_step"])),
         ("makespan at the budget", "", "", lambda r: _ms(r["at_budget"]["makespan_us"])),
+        ("weights starting on HBM / remote at the budget", "", "", lambda r: _start(r["at_budget"], "weight")),
+        ("weights starting on HBM / remote at the lowest peak", "", "",
+         lambda r: _start(r["at_lowest"], "weight") if status_at(r, "at_lowest") else "–"),
         ("prefill latency at the lowest peak", "", "", lambda r: _ms(r["at_lowest"]["prefill_us"])
          if status_at(r, "at_lowest") else "–"),
         ("decode latency per step at the lowest peak", "", "", lambda r: _ms(r["at_lowest"]["decode_us_per_step"])

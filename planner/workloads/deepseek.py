@@ -121,7 +121,7 @@ def attention_flops_forward(cfg: DeepSeekConfig, batch: int, seq_len: int, heads
 def deepseek_v3_training(layers: int = 4, seq_len: int = 4096, micro_batch: int = 1, ep: int = 8, tp: int = 1,
                          dense_layers: int = 3, first_layer: int = 0, grad_accum: int = 1, dp: int = 1, pp: int = 1,
                          stage: int = 0, recompute: bool = False, dtype: str = "bfloat16", zero: int = 0,
-                         state_home: str = "host", weight_home: str = "hbm", name: str | None = None,
+                         state_home: str = "host", weight_home: str = "auto", name: str | None = None,
                          config: DeepSeekConfig = DEEPSEEK_V3) -> Graph:
     """One device's DeepSeek-V3 training step over layers ``first_layer .. first_layer + layers - 1``.
 

@@ -48,7 +48,7 @@ MODELS = ("deepseek-v3", "llama3-8b")
 def long_context_inference(model: str = "deepseek-v3", seq_len: int = 65536, decode_steps: int = 16, block: int = 64,
                            nsa: bool = True, layers: int | None = None, first_layer: int = 0, batch: int = 1,
                            prefill_chunk: int = 8192, tp: int = 1, ep: int | None = None, dtype: str = "bfloat16",
-                           weight_dtype: str | None = None, kv_dtype: str | None = None, weight_home: str = "hbm",
+                           weight_dtype: str | None = None, kv_dtype: str | None = None, weight_home: str = "auto",
                            cmp_block: int = 32, cmp_stride: int = 16, selected_blocks: int = 16, window: int = 512,
                            selection_reuse: float = 0.75, seed: int = 0, name: str | None = None) -> Graph:
     """One device's prefill of ``seq_len`` tokens (in chunks of ``prefill_chunk``) and ``decode_steps`` decode

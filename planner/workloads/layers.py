@@ -242,7 +242,7 @@ class TrainingStats:
 
 
 def emit_training(b: GraphBuilder, tape: Tape, *, micro_batches: int, pp: int = 1, stage: int = 0,
-                  recompute: bool = False, dp: int = 1, tp: int = 1, zero: int = 0, weight_home: str = "hbm",
+                  recompute: bool = False, dp: int = 1, tp: int = 1, zero: int = 0, weight_home: str = "auto",
                   state_home: str = "host") -> TrainingStats:
     """Emit one training step of ``tape`` into ``b``; return FLOP totals by phase."""
     stats = TrainingStats()

@@ -71,7 +71,7 @@ def attention_flops_forward(cfg: LlamaConfig, batch: int, seq_len: int, heads: i
 def llama3_8b_training(seq_len: int = 8192, micro_batch: int = 1, grad_accum: int = 1, dp: int = 1, tp: int = 1,
                        pp: int = 1, recompute: bool = False, dtype: str = "bfloat16", layers: int | None = None,
                        eager_attention: bool = False, stage: int = 0, zero: int = 0, state_home: str = "host",
-                       weight_home: str = "hbm", name: str | None = None, config: LlamaConfig = LLAMA3_8B) -> Graph:
+                       weight_home: str = "auto", name: str | None = None, config: LlamaConfig = LLAMA3_8B) -> Graph:
     """One device's LLaMA-3-8B training step (one optimizer step over ``grad_accum`` micro-batches).
 
     - TP shards heads, FFN columns and the vocabulary (Megatron style, no sequence parallelism): per-device
@@ -84,8 +84,9 @@ def llama3_8b_training(seq_len: int = 8192, micro_batch: int = 1, grad_accum: in
     - DP: gradients are all-reduced before AdamW; ``zero=1`` shards the fp32 master weights and moments over DP
       (ZeRO-1: reduce-scatter, step the shard, all-gather). Default ``zero=0``: every device holds full states.
     - ``recompute``: only each layer's input is kept; the backward re-runs the layer's forward first.
-    - Weights live on ``weight_home`` (default hbm); master weights and moments on ``state_home`` (default host:
-      12 bytes per parameter do not fit 64 GB of HBM next to the weights of an 8B model).
+    - Weights start the step on ``weight_home`` (default ``auto``: the planner chooses, per weight, HBM or a
+      remote tier; see planner/placement.py); master weights and moments on ``state_home`` (default host: 12 bytes
+      per parameter do not fit 64 GB of HBM next to the weights of an 8B model; ``auto`` leaves it to the planner).
     """
     src = "llama3-8b-train"
     cfg = config

@@ -13,13 +13,21 @@ no Prefetch: for tensors that outlive the step, or that no op uses). The partiti
 before and those after a gap is fixed; the compute order is not, and a gap only constrains the order when it
 is offloaded. A *store slot* is one version of a tensor (between two in-place writes) that offloaded gaps need
 a remote copy of: one Store serves every gap of its version.
+
+Steps repeat (planner/placement.py). A tensor pinned remote and updated in place has a *required* end gap (its
+Store puts the latest version back on its tier); one pinned to HBM that outlives the step has a *back* gap
+instead of an end gap: off HBM after its last use, fetched back before the step ends. A
+*free* tensor (home ``auto``) has an init gap that is a decision: offloaded, the tensor starts on that gap's tier
+(its first use needs the Prefetch) and its end gap is offloaded too (stored back when updated, dropped after its
+last use: the wrap-around gap); not offloaded, it starts on HBM (Y = 0, no Prefetch) and stays there at the end.
+Its version-0 gaps then need a Store only when it starts on HBM (``store_unless_placed``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from planner.cost import op_durations_ns, transfer_duration_ns
 from planner.graph import Graph
@@ -92,7 +100,7 @@ class Gap:
     index: int
     tensor: int
     n_before: int  # users (in reference order) before the gap
-    kind: str  # "head", "mid", "end"; a head gap of a tensor that starts remote is "init" (always offloaded)
+    kind: str  # "head", "mid", "end", "back"; a head gap of a tensor that starts remote is "init"
     before: tuple[int, ...]  # ops that must end before the Detach (the maximal users before the gap)
     after: tuple[int, ...]  # ops that must start after the Prefetch ends (the minimal users after it)
     version: int  # in-place writes among the users before the gap
@@ -100,6 +108,9 @@ class Gap:
     tiers: tuple[str, ...]
     fetch: dict[str, int] = field(default_factory=dict)  # tier -> prefetch ticks (empty for an end gap)
     fetch_ns: dict[str, int] = field(default_factory=dict)
+    placement: bool = False  # the init gap of a free tensor: offloaded = it starts remote
+    required: bool = False  # an end gap that must be offloaded (the Store back to a pinned remote home)
+    store_unless_placed: bool = False  # needs its slot's Store only when the free tensor starts on HBM
 
     @property
     def has_fetch(self) -> bool:
@@ -107,7 +118,7 @@ class Gap:
 
     @property
     def mandatory(self) -> bool:
-        return self.kind == "init"
+        return (self.kind == "init" and not self.placement) or self.required
 
 
 @dataclass
@@ -136,10 +147,16 @@ class TensorInfo:
     gaps: tuple[int, ...] = ()  # chain order (by n_before)
     tiers: tuple[str, ...] = ()
     modelled: bool = True  # has an HBM residency in the model
+    free: bool = False  # its starting tier is a decision (home auto): see the module doc
 
     @property
     def starts_remote(self) -> bool:
         return self.producer is None and self.home != HBM
+
+    @property
+    def placement_gap(self) -> int | None:
+        """The init gap whose offload decision is the free tensor's starting tier."""
+        return self.gaps[0] if self.free and self.gaps else None
 
     @property
     def until_end(self) -> bool:
@@ -205,7 +222,8 @@ def usable_tiers(graph: Graph, hw: Hardware) -> tuple[str, ...]:
         return (1 / s.bandwidth_Bps + 1 / f.bandwidth_Bps, s.latency_s + f.latency_s, t.name)
 
     remote.sort(key=speed)
-    movable = sum(t.bytes for t in graph.tensors.values() if not (t.name not in graph.producer and t.home != HBM))
+    movable = sum(t.bytes for t in graph.tensors.values()
+                  if not (t.name not in graph.producer and t.pinned and t.home != HBM))
     keep = []
     for t in remote:
         dominated = False
@@ -280,8 +298,13 @@ def build_problem(
         producer = index[graph.producer[name]] if name in graph.producer else None
         users = tuple(sorted((index[u] for u in graph.users[name]), key=lambda i: pos[i]))
         updaters = tuple(u for u in users if name in graph.ops[u].updates)
-        home = HBM if producer is not None else t.home
-        ti = TensorInfo(k, name, t.bytes, scale.units(t.bytes), t.persistent, home, producer, users, updaters)
+        free = producer is None and not t.pinned and bool(users) and bool(tier_names)
+        home = HBM if producer is not None or free else t.home
+        if producer is None and not t.pinned and not free:
+            # Free and never used: nothing to gain on HBM. Free with no remote tier: HBM is the only choice.
+            home = tier_names[0] if tier_names and not users else HBM
+        ti = TensorInfo(k, name, t.bytes, scale.units(t.bytes), t.persistent, home, producer, users, updaters,
+                        free=free)
         tensors.append(ti)
         if ti.starts_remote:
             ti.tiers = (home,)
@@ -301,6 +324,9 @@ def build_problem(
         _add_gaps(graph, hw, scale, ti, gaps, slots, ref, pos, prefix_ns, anc, tiers, must, droppable,
                   min_bytes, gap_fraction)
 
+    for name, tier in tiers.items():
+        home = sum(t.nbytes for t in tensors if t.starts_remote and t.home == name)
+        tiers[name] = replace(tier, home_bytes=home)
     capacity = (budget - fixed_bytes) // scale.unit_bytes
     return Problem(graph, hw, scale, budget, capacity, fixed_bytes, ops, tensors, gaps, slots, tiers, links, ref,
                    horizon, anc)
@@ -331,17 +357,22 @@ def _add_gaps(graph, hw, scale, ti: TensorInfo, gaps, slots, ref, pos, prefix_ns
     def store_ns(tier: str) -> int:
         return transfer_duration_ns(ti.nbytes, hw.store_link(tier))
 
+    # Steady state: a tensor pinned remote and updated goes back there; one pinned to HBM stays there.
+    restore = ti.starts_remote and ti.persistent and bool(ti.updaters)
+    stays = ti.producer is None and not ti.starts_remote and not ti.free and ti.persistent
     chosen: list[tuple[int, str]] = []
     for nb in range(n + 1):
         forced = (ti.name, nb) in must
-        if nb == 0 and ti.starts_remote:
+        if nb == 0 and (ti.starts_remote or ti.free):
             chosen.append((nb, "init"))
             continue
         if nb == n:
-            if persistent_like and (forced or ti.nbytes >= min_bytes):
+            if ti.free or restore:
+                chosen.append((nb, "end"))
+            elif persistent_like and (forced or ti.nbytes >= min_bytes):
                 last = pos[users[-1]] if users else (pos[ti.producer] if ti.producer is not None else -1)
                 if forced or last < len(ref) - 1:
-                    chosen.append((nb, "end"))
+                    chosen.append((nb, "back" if stays else "end"))
             continue
         if ti.nbytes < min_bytes and not forced:
             continue
@@ -362,12 +393,15 @@ def _add_gaps(graph, hw, scale, ti: TensorInfo, gaps, slots, ref, pos, prefix_ns
     ids = []
     for nb, kind in chosen:
         version = sum(1 for u in users[:nb] if u in ti.updaters)
-        valid_home = ti.starts_remote and version == 0
-        needs_store = not valid_home and not (droppable and kind == "end")
+        # A free tensor's end gap is offloaded only with its init gap, so its home copy is valid at version 0.
+        valid_home = (ti.starts_remote or (ti.free and kind in ("init", "end"))) and version == 0
+        needs_store = not valid_home and not (droppable and kind == "end") and kind != "init"
         before = max_before[nb]
         if not before and ti.producer is not None:
             before = (ti.producer,)
-        g = Gap(len(gaps), ti.index, nb, kind, before, min_after[nb] if nb < n else (), version, None, ti.tiers)
+        g = Gap(len(gaps), ti.index, nb, kind, before, min_after[nb] if nb < n else (), version, None, ti.tiers,
+                placement=ti.free and kind == "init", required=restore and kind == "end",
+                store_unless_placed=ti.free and version == 0 and kind == "mid")
         if g.has_fetch:
             g.fetch_ns = {r: fetch_ns(r) for r in ti.tiers}
             g.fetch = {r: scale.ticks(v) for r, v in g.fetch_ns.items()}
@@ -410,6 +444,14 @@ class Assignment:
                           dict(self.S), dict(self.F), self.makespan)
 
 
+def needs_store(p: Problem, a: Assignment, gap) -> bool:
+    """Whether offloading ``gap`` needs its slot's Store (a free tensor that starts remote has a valid copy of its
+    first version there)."""
+    if gap.slot is None:
+        return False
+    return not (gap.store_unless_placed and p.tensors[gap.tensor].placement_gap in a.off)
+
+
 def op_end(p: Problem, a: Assignment, o: int) -> int:
     return a.start[o] + p.ops[o].dur
 
@@ -418,7 +460,7 @@ def alloc_time(p: Problem, a: Assignment, t: TensorInfo) -> int:
     """When the tensor's first HBM residency starts."""
     if t.producer is not None:
         return a.start[t.producer]
-    if t.starts_remote:
+    if t.starts_remote or t.free:
         return a.Y[t.gaps[0]]
     return 0
 
@@ -443,12 +485,14 @@ def canonical(p: Problem, a: Assignment) -> Assignment:
     end gap."""
     for g in p.gaps:
         if g.kind == "init":
+            if g.index not in a.off:
+                a.Y[g.index] = 0  # a free tensor that starts on HBM: resident from time 0
             continue
         last = max((op_end(p, a, u) for u in g.before), default=0)
         if g.index in a.off:
             if g.kind == "end":
                 a.Y[g.index] = p.horizon
-            if g.slot is not None and g.slot in a.store:
+            if g.slot in a.store and needs_store(p, a, g):
                 last = max(last, a.S[g.slot] + p.slots[g.slot].store[a.store[g.slot]])
             a.X[g.index] = last
         else:

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import bisect
 
+from planner.hardware import HBM
+from planner.placement import plan_placement
 from planner.plan import COMPUTE, Plan, ProgramBuilder
-from planner.planners.cpsat.data import Assignment, Problem, op_end
+from planner.planners.cpsat.data import Assignment, Problem, needs_store, op_end
 
 _DETACH, _STORE, _OP, _PREFETCH = 0, 1, 2, 3
 
@@ -49,7 +51,7 @@ def plan_from_assignment(p: Problem, a: Assignment, planner: str = "cpsat", **kw
                 users_end, last_user = e, u
         when = max(users_end, 0)
         stream = COMPUTE
-        if gap.slot is not None:
+        if gap.slot in a.store and needs_store(p, a, gap):
             sl = p.slots[gap.slot]
             store_end = a.S[gap.slot] + sl.store[a.store[gap.slot]]
             if store_end > when:
@@ -114,7 +116,7 @@ def plan_from_assignment(p: Problem, a: Assignment, planner: str = "cpsat", **kw
             gap = p.gaps[g]
             stream, last_user = detach_info[g]
             waits = []
-            if gap.slot is not None:
+            if gap.slot in store_step and needs_store(p, a, gap):
                 waits.append(store_step[gap.slot])
             name = p.tensors[gap.tensor].name
             if stream == COMPUTE:
@@ -146,4 +148,6 @@ def plan_from_assignment(p: Problem, a: Assignment, planner: str = "cpsat", **kw
             waits.extend(link_detach_ids[lo:hi])
             link = p.tiers[a.off[g]].fetch_link
             prefetch_step[g] = pb.prefetch(p.tensors[gap.tensor].name, link, waits)
-    return pb.build(p.graph.name, planner, **kwargs)
+    choice = {t.name: a.off.get(t.placement_gap, HBM) if t.free else t.home
+              for t in p.tensors if t.producer is None}
+    return pb.build(p.graph.name, planner, placement=plan_placement(p.graph, choice), **kwargs)

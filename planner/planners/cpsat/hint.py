@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from planner.cost import transfer_duration_ns
 from planner.plan import COMPUTE, Plan, StepKind
-from planner.planners.cpsat.data import Assignment, Problem, alloc_time, canonical, chain, op_end
+from planner.planners.cpsat.data import Assignment, Problem, alloc_time, canonical, chain, needs_store, op_end
 
 
 def tick_times(p: Problem, plan: Plan) -> list[tuple[int, int]]:
@@ -129,6 +129,22 @@ def assignment_from_plan(p: Problem, plan: Plan, times: list[tuple[int, int]]) -
         if gap.kind != "init" and gi not in a.X:
             notes.append(f"prefetch of {p.tensors[gap.tensor].name!r} with no Detach before it")
             del a.off[gi]
+    # Steady state: a free tensor's end gap is offloaded exactly when it starts remote (a plan may keep the HBM
+    # copy to the end, which holds more memory than the model's value), and a required end gap always is.
+    for t in p.tensors:
+        if not t.gaps:
+            continue
+        end = p.gaps[t.gaps[-1]]
+        if end.kind != "end":
+            continue
+        if t.free:
+            init = t.placement_gap
+            if init in a.off:
+                a.off.setdefault(end.index, a.off[init])
+            else:
+                a.off.pop(end.index, None)
+        elif end.required:
+            a.off.setdefault(end.index, t.home)
     for t in p.tensors:
         if t.modelled and not t.until_end:
             ends = [op_end(p, a, u) for u in t.users]
@@ -136,13 +152,13 @@ def assignment_from_plan(p: Problem, plan: Plan, times: list[tuple[int, int]]) -
                 ends.append(op_end(p, a, t.producer))
             a.F[t.index] = max(ends, default=alloc_time(p, a, t))
     # Slots whose Store no offloaded gap needs are dropped.
-    needed = {p.gaps[gi].slot for gi in a.off if p.gaps[gi].slot is not None}
+    needed = {p.gaps[gi].slot for gi in a.off if needs_store(p, a, p.gaps[gi])}
     for s in list(a.store):
         if s not in needed:
             del a.store[s]
     for gi in a.off:
         sl = p.gaps[gi].slot
-        if sl is not None and sl not in a.store:
+        if sl is not None and sl not in a.store and needs_store(p, a, p.gaps[gi]):
             notes.append(f"gap of {p.tensors[p.gaps[gi].tensor].name!r} offloaded with no Store of its version")
     return canonical(p, a), notes
 
@@ -169,7 +185,10 @@ def check(p: Problem, a: Assignment, lo: int = 0, hi: int | None = None) -> list
         name = p.tensors[gap.tensor].name
         on = gi in a.off
         if gap.mandatory and not on:
-            out.append(f"initial fetch of {name!r} missing")
+            what = "store back to its home tier" if gap.required else "initial fetch"
+            out.append(f"{what} of {name!r} missing")
+        if gap.kind == "end" and p.tensors[gap.tensor].free and on != (p.tensors[gap.tensor].placement_gap in a.off):
+            out.append(f"end gap of {name!r} offloaded {'without' if on else 'but not'} its starting tier remote")
         if gap.kind != "init" and a.X[gi] > a.Y[gi]:
             out.append(f"gap {gi} of {name!r}: detach after prefetch")
         if not on:
@@ -187,7 +206,7 @@ def check(p: Problem, a: Assignment, lo: int = 0, hi: int | None = None) -> list
                     out.append(f"gap {gi} of {name!r}: prefetch ends after {ops[u].name!r} starts")
         elif a.Y[gi] != p.horizon:
             out.append(f"end gap {gi} of {name!r}: Y is not the horizon")
-        if gap.slot is not None:
+        if needs_store(p, a, gap):
             st = a.store.get(gap.slot)
             if st != tier:
                 out.append(f"gap {gi} of {name!r}: no Store to {tier} of its version")

@@ -305,7 +305,8 @@ def window_frame(p: Problem, inc: Incumbent, i: int, j: int) -> Frame:
             continue
         # The decision can change only if every transfer it adds or removes, and every residency it adds, fits
         # in the region (keeping a tensor an offloaded end gap dropped holds it to the end of the step).
-        if (not on and slot_ok) or (on and fetch_ok and slot_ok and (gap.has_fetch or f.final)):
+        # A required gap (the Store back to a pinned home) stays offloaded; only its times may move.
+        if not gap.mandatory and ((not on and slot_ok) or (on and fetch_ok and slot_ok and (gap.has_fetch or f.final))):
             f.gaps_b.add(g)
             f.gaps_x.add(g)
             f.gaps_y.add(g)

@@ -9,7 +9,8 @@ them); residencies and transfers that are fixed enter the cumulatives clipped to
 Families:
 - ops: one interval per op on a NoOverlap (one compute stream), data-dependency precedences;
 - gaps: an offload Boolean per candidate gap (a literal per tier where there are several), the Detach after the
-  users before the gap, the Prefetch (an optional interval on its link) ending before the users after it;
+  users before the gap, the Prefetch (an optional interval on its link) ending before the users after it; a free
+  tensor's starting tier is its init gap's Boolean, tied to its end gap's (the wrap-around gap);
 - slots: one optional Store per version that an offloaded gap needs, after the write that made the version and
   before every Detach that relies on it;
 - tiers: one remote tier per offloaded tensor, each tier's capacity;
@@ -276,9 +277,20 @@ class Model:
         before the users after the gap, after the gap's Store; an offloaded end gap has no residency after."""
         p, f, H = self.p, self.f, self.p.horizon
         for t in self.touched:
-            for g in p.tensors[t].gaps:
+            ti = p.tensors[t]
+            placed = self.b[ti.placement_gap] if ti.placement_gap is not None else None
+            for g in ti.gaps:
                 gap = p.gaps[g]
                 b, X, Y = self.b[g], self.X.get(g), self.Y[g]
+                if gap.placement:
+                    # Starts on HBM: resident from time 0, no Prefetch.
+                    if _const(b):
+                        if b == 0:
+                            self.eq(Y, 0)
+                    else:
+                        self.eq(Y, 0, [b.Not()])
+                elif ti.free and gap.kind == "end":
+                    self.eq(b, placed)
                 if gap.kind != "init":
                     self.le(X, Y)
                     if not _const(b):
@@ -299,7 +311,26 @@ class Model:
                             self.le(Y + gap.fetch[r], f.hi, [lit])
                     if gap.slot is not None:
                         self._slot_vars(gap.slot)
-                        self.implies(lit, self.q[gap.slot][r])
+                        if gap.store_unless_placed:
+                            self._implies_unless(lit, placed, self.q[gap.slot][r])
+                        else:
+                            self.implies(lit, self.q[gap.slot][r])
+
+    def _implies_unless(self, a, c, b) -> None:
+        """a and not c => b, for literals or constants."""
+        if _const(c):
+            if not c:
+                self.implies(a, b)
+            return
+        if _const(a):
+            if a:
+                self.implies(c.Not(), b)
+            return
+        if _const(b):
+            if not b:
+                self.m.add_implication(a, c)
+            return
+        self.m.add_bool_or([a.Not(), c, b])
 
     # ------------------------------------------------------------------ slots
     def _slots(self) -> None:
@@ -494,7 +525,7 @@ class Model:
         gaps = [g for g in ti.gaps if p.gaps[g].kind != "init"]
         if ti.producer is not None:
             cur = self.st(ti.producer)
-        elif ti.starts_remote:
+        elif ti.starts_remote or ti.free:
             cur = self.Y[ti.gaps[0]] if ti.gaps[0] in self.Y else self.f.inc.Y[ti.gaps[0]]
         else:
             cur = 0
@@ -549,12 +580,23 @@ class Model:
                     self.eq(X, last, [b.Not()])
                 sl = p.slots[gap.slot]
                 S = self.S[gap.slot]
+                # A free tensor that starts remote needs no Store of its first version: then X = the users' end.
+                unless = []
+                if gap.store_unless_placed:
+                    placed = self.b[p.tensors[gap.tensor].placement_gap]
+                    if _const(placed):
+                        if placed:
+                            self.eq(X, last)
+                            continue
+                    else:
+                        self.eq(X, last, [placed])
+                        unless = [placed.Not()]
                 for r, lit in self.pr[g].items():
                     if _const(lit) and lit == 0:
                         continue
                     hint = max(users_end, inc.S[gap.slot] + sl.store[r])
                     xr = self._max(ends + [S + sl.store[r]], f"Xr{g}_{r}", hint)
-                    self.eq(X, xr, [lit])
+                    self.eq(X, xr, [lit] + unless)
 
     def _max(self, exprs: list, name: str, hint: int):
         """A term equal to the largest of ``exprs`` (a constant or single expression when it can be)."""
@@ -585,6 +627,12 @@ class Model:
         for e in ends:
             self.le(e, self.M)
         if f.final:
+            # A tensor fetched back before the step ends (a back gap) is there by the makespan.
+            for g, lits in self.pr.items():
+                gap = p.gaps[g]
+                if gap.kind == "back" and not _const(self.Y[g]):
+                    for r, lit in lits.items():
+                        self.le(self.Y[g] + gap.fetch[r], self.M, [lit])
             for s, q in self.q.items():
                 sl = p.slots[s]
                 if any(p.gaps[g].kind == "end" for g in sl.gaps):

@@ -29,7 +29,7 @@ from planner.graph import Graph
 from planner.hardware import HBM, Hardware
 from planner.plan import Plan
 from planner.planners.cpsat import worker
-from planner.planners.cpsat.data import Assignment, Problem, build_problem, choose_scale
+from planner.planners.cpsat.data import Assignment, Problem, build_problem, canonical, choose_scale
 from planner.planners.cpsat.decode import plan_from_assignment
 from planner.planners.cpsat.hint import assignment_from_plan, check, offload_cycles, tick_times
 from planner.planners.cpsat.model import Model, whole_frame
@@ -311,6 +311,13 @@ def _optimise(run: Run, base: Plan, base_tl: Timeline, objective: str, makespan_
                      unit_bytes=p.scale.unit_bytes, horizon_ticks=p.horizon, hint_feasible=not problems)
     if problems:
         run.notes.append(f"the hint is not feasible in the scaled model ({problems[0]}; {len(problems)} in all)")
+        # The hint's makespan bounds only the hint: leave room for a plan that moves more (every op and every
+        # candidate transfer one after another).
+        serial = sum(o.dur for o in p.ops) + sum(max(g.fetch.values(), default=0) for g in p.gaps) + sum(
+            max(s.store.values(), default=0) for s in p.slots)
+        if serial > p.horizon:
+            p.horizon = serial
+            canonical(p, asg)
     limit_ticks = None
     if objective == "peak":
         ms = makespan_limit_us * 1000 if makespan_limit_us is not None else base_tl.metrics.makespan_ns
