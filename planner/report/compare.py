@@ -23,6 +23,7 @@ from planner.errors import InfeasibleBudget
 from planner.executor import simulate
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
+from planner.placement import bytes_by_kind
 from planner.plan import Plan
 from planner.planners import PLANNERS
 from planner.timeline import Timeline
@@ -165,7 +166,12 @@ def run_planner(
         return Run(_empty_row(base, hw, ERROR, msg if msg.strip() else tb, solve_time_s=time.perf_counter() - t0))
     solve = time.perf_counter() - t0
     tl = simulate(graph, hw, plan)
-    return Run(metrics_row(base, hw, plan, tl, reference, bounds, solve), plan, tl)
+    row = metrics_row(base, hw, plan, tl, reference, bounds, solve)
+    # Where the tensors no op produces start the step: bytes per kind and tier, and what starts off HBM.
+    row["start_placement"] = bytes_by_kind(graph, plan.placement)
+    row["start_remote_bytes"] = sum(b for tiers in row["start_placement"].values()
+                                    for tier, b in tiers.items() if tier != HBM)
+    return Run(row, plan, tl)
 
 
 def metrics_row(base: dict, hw: Hardware, plan: Plan, tl: Timeline, reference: Timeline, bounds: dict,

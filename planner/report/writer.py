@@ -67,6 +67,7 @@ def table_columns(link_names: list[str]) -> list[tuple[str, str, object]]:
     for ln in link_names:
         cols.append((f"bytes_moved_{ln}", f"moved {ln}", fmt_bytes))
     cols += [
+        ("start_remote_bytes", "starts off HBM", fmt_bytes),
         ("stall_us", "compute stall", fmt_time),
         ("hidden_transfer_share", "transfer hidden", fmt_share),
         ("defrag_events", "defrag events", fmt_int),
@@ -82,7 +83,8 @@ CSV_EXTRA = ("valid", "violations", "violation_kinds", "plan_status", "hbm_budge
 
 def flat_row(row: dict) -> dict:
     """A comparison row with ``bytes_moved`` spread into ``bytes_moved_<link>`` columns and lists joined."""
-    out = {k: v for k, v in row.items() if k not in ("bytes_moved", "peak_bytes", "first_violations", "options")}
+    out = {k: v for k, v in row.items()
+           if k not in ("bytes_moved", "peak_bytes", "first_violations", "options", "start_placement")}
     for ln, v in row.get("bytes_moved", {}).items():
         out[f"bytes_moved_{ln}"] = v
     out["violation_kinds"] = " ".join(row.get("violation_kinds", []))
