@@ -5,11 +5,18 @@ Suite (each at 60%, 70%, 80% and 90% of the graph's no-offload HBM peak):
 - ``paper``: the graphs in ``graphs/`` (the paper's workloads and the two hand-written examples);
 - ``checkmate``: the Checkmate / Moccasin graphs in ``../shared/graphs/checkmate`` when that folder exists;
 - ``generated``: repeated-transformer-layer graphs of about 1k, 5k, 10k and 20k ops (LLaMA-3-8B training,
-  pipeline stage 0, with as many micro-batches as it takes; ``generated_graph``).
+  pipeline stage 0, with as many micro-batches as it takes; ``generated_graph``);
+- ``onnx``: the ONNX fixtures in ``tests/fixtures/onnx`` (weights free: the planner picks their tier), at
+  batch 2 and 16 tokens;
+- ``fullsize``: the paper's full DeepSeek-V3 + NSA inference graph at 64k tokens (61 layers, 29k ops, weights
+  free), generated on the fly, on ``ascend-910c`` and on ``cloudmatrix384``: slow (minutes per planner), so
+  only when named.
 
 Per case and planner it records: ops, valid, makespan and its overhead against no offload, peak HBM, bytes moved,
-the gap against the best makespan lower bound (``planner.bounds``: "vs bound"), the planner's wall time, and for
-cpsat its solver record (model, status, windows accepted, CP-SAT's own bound when the model was whole).
+the gap against the best makespan lower bound (``planner.bounds``: "vs bound"), the planner's wall time, where
+the tensors no op produces start (bytes per kind and tier), prefill and decode latency for inference graphs
+(and the no-offload plan's), and for cpsat its solver record (model, status, windows accepted, CP-SAT's own
+bound when the model was whole).
 """
 
 from __future__ import annotations
@@ -23,6 +30,9 @@ from planner import api, bounds
 from planner.executor import simulate
 from planner.graph import Graph
 from planner.hardware import HBM
+from planner.placement import bytes_by_kind
+from planner.planners.none import plan_none
+from planner.report.paper import phase_latencies
 
 ROOT = Path(__file__).resolve().parents[1]
 FRACTIONS = (0.6, 0.7, 0.8, 0.9)
@@ -53,6 +63,13 @@ def generated_graph(ops: int) -> Graph:
     return Graph(name=f"generated-{ops // 1000}k", tensors=g.tensors, ops=g.ops, metadata=dict(g.metadata))
 
 
+def fullsize_graph(workload: str = "deepseek-v3-nsa-64k") -> Graph:
+    """The paper's full-size inference graph (all 61 layers), generated with the workload's defaults."""
+    from planner import workloads
+
+    return workloads.generate(workload)
+
+
 def suite(names: Iterable[str] = ("paper", "checkmate", "generated"), quick: bool = False,
           only: Iterable[str] = (), shared: Path | None = None) -> list[Case]:
     """The benchmark's cases. ``quick``: two small paper graphs and the 1k generated graph. ``only``: keep the
@@ -71,6 +88,12 @@ def suite(names: Iterable[str] = ("paper", "checkmate", "generated"), quick: boo
     if "generated" in names:
         for n in GENERATED_OPS:
             cases.append(Case(f"generated-{n // 1000}k", "generated", lambda n=n: generated_graph(n)))
+    if "onnx" in names:
+        for path in sorted((ROOT / "tests" / "fixtures" / "onnx").glob("*.onnx")):
+            cases.append(Case(path.stem, "onnx", lambda p=path: api.load_graph(p, dims={"batch": 2, "sequence": 16})))
+    if "fullsize" in names:
+        for preset in ("ascend-910c", "cloudmatrix384"):
+            cases.append(Case("deepseek-v3-nsa-64k", "fullsize", fullsize_graph, preset))
     if quick:
         keep = {"transformer_block", "deepseek-v3-nsa-64k-L3-1layer", "generated-1k"}
         cases = [c for c in cases if c.name in keep]
@@ -106,6 +129,11 @@ def run_case(case: Case, fractions=FRACTIONS, planners=("greedy", "cpsat"), time
     base_hw = api.hardware(case.preset)
     ref = api.no_offload_reference(graph, base_hw)
     peak = ref.metrics.peak_bytes[HBM]
+    # Inference graphs: prefill and decode latency, against the no-offload plan's.
+    gen = graph.metadata.get("generator", "")
+    decode_steps = (graph.metadata.get("options") or {}).get("decode_steps", 1)
+    ref_phases = phase_latencies(plan_none(graph, api.hardware(case.preset, hbm="1PB")), ref, decode_steps) \
+        if gen.endswith("long_context_inference") else None
     rows = []
     for frac in fractions:
         hw = api.hardware(case.preset, hbm=str(int(peak * frac)))
@@ -115,7 +143,8 @@ def run_case(case: Case, fractions=FRACTIONS, planners=("greedy", "cpsat"), time
             lb = bounds.compute_bound(graph, hw)
         minimum, _ = bounds.largest_working_set(graph)
         for name in planners:
-            row = {"graph": case.name, "suite": case.suite, "ops": len(graph.ops), "budget_fraction": frac,
+            row = {"graph": case.name, "suite": case.suite, "hardware": case.preset, "ops": len(graph.ops),
+                   "budget_fraction": frac,
                    "budget_bytes": hw.hbm_bytes, "planner": name, "no_offload_makespan_us": ref.metrics.makespan_ns
                    / 1000, "no_offload_peak_bytes": peak, "bound_us": lb.value / 1000, "bound_reason": lb.reason}
             if progress:
@@ -146,7 +175,11 @@ def run_case(case: Case, fractions=FRACTIONS, planners=("greedy", "cpsat"), time
                 peak_hbm_bytes=m.peak_bytes[HBM], bytes_moved=sum(m.bytes_moved.values()),
                 gap_vs_bound=bounds.gap(m.makespan_ns, lb.value) if tl.valid else None,
                 solve_time_s=round(solve_s, 3), defrag_events=m.defrag_events,
+                start_placement=bytes_by_kind(graph, plan.placement),
             )
+            if ref_phases is not None:
+                row["no_offload_phases_us"] = ref_phases
+                row["phases_us"] = phase_latencies(plan, tl, decode_steps)
             st = plan.stats.get("cpsat") if isinstance(plan.stats, dict) else None
             if st:
                 row["cpsat"] = {k: st.get(k) for k in (
@@ -160,14 +193,14 @@ def run_case(case: Case, fractions=FRACTIONS, planners=("greedy", "cpsat"), time
 def compare(rows: list[dict]) -> list[dict]:
     """Per case and budget: cpsat's makespan against greedy's (negative: cpsat faster)."""
     out = []
-    key = lambda r: (r["graph"], r["budget_fraction"])  # noqa: E731
+    key = lambda r: (r["graph"], r["budget_fraction"], r.get("hardware", "ascend-910c"))  # noqa: E731
     by: dict = {}
     for r in rows:
         by.setdefault(key(r), {})[r["planner"]] = r
     for k, d in by.items():
         g, c = d.get("greedy"), d.get("cpsat")
         if g and c and g.get("valid") and c.get("valid"):
-            out.append({"graph": k[0], "budget_fraction": k[1], "greedy_us": g["makespan_us"],
+            out.append({"graph": k[0], "budget_fraction": k[1], "hardware": k[2], "greedy_us": g["makespan_us"],
                         "cpsat_us": c["makespan_us"], "change": c["makespan_us"] / g["makespan_us"] - 1})
     return out
 

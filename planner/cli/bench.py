@@ -29,7 +29,8 @@ Examples:
 
 @main.command("bench", epilog=BENCH_EXAMPLES)
 @click.option("--suite", "suites", default="paper,checkmate,generated", show_default=True,
-              help="Comma-separated: paper (graphs/), checkmate (../shared/graphs/checkmate), generated.")
+              help="Comma-separated: paper (graphs/), checkmate (../shared/graphs/checkmate), generated, onnx "
+                   "(tests/fixtures/onnx), fullsize (DeepSeek-V3 + NSA 64k, 61 layers, on two presets: slow).")
 @click.option("--quick", is_flag=True, help="Only transformer_block, DeepSeek-V3+NSA 64k and the 1k generated graph.")
 @click.option("--only", "only", multiple=True, help="Keep the graphs whose name contains this (repeatable).")
 @click.option("--budgets", default="0.6,0.7,0.8,0.9", show_default=True,
@@ -75,6 +76,15 @@ def bench_cmd(suites, quick, only, budgets, planners, time_limit, seed, workers,
         if not out.is_terminal:
             out = Console(width=160)  # a file or a pipe: do not squeeze the table to 80 columns
         out.print(_table(rows))
+        for r in rows:
+            if r.get("valid") and r.get("phases_us"):
+                ph, ref = r["phases_us"], r["no_offload_phases_us"]
+                click.echo(f"{_graph_cell(r)} at {r['budget_fraction']:.0%}, {r.get('planner_run', r['planner'])}: "
+                           f"prefill {ph['prefill_us'] / 1000:.1f} ms (no offload {ref['prefill_us'] / 1000:.1f}), "
+                           f"decode {ph['decode_us_per_step'] / 1000:.2f} ms/step "
+                           f"(no offload {ref['decode_us_per_step'] / 1000:.2f}); weights start "
+                           + ", ".join(f"{format_bytes(b)} {tier}" for tier, b in
+                                       (r.get("start_placement") or {}).get("weight", {}).items()))
         cmp = bench.compare(rows)
         if cmp:
             better = sum(1 for c in cmp if c["change"] < -1e-9)
@@ -92,11 +102,17 @@ def _table(rows: list[dict]) -> Table:
         t.add_column(col, justify="left" if col in ("graph", "planner") else "right")
     for r in rows:
         if not r.get("valid"):
-            t.add_row(r["graph"], str(r["ops"]), f"{r['budget_fraction']:.0%}", r.get("planner_run", r["planner"]),
+            t.add_row(_graph_cell(r), str(r["ops"]), f"{r['budget_fraction']:.0%}", r.get("planner_run", r["planner"]),
                       "[red]invalid[/]", "", "", "", "", f"{r.get('solve_time_s', 0):.1f} s")
             continue
         gap = r.get("gap_vs_bound")
-        t.add_row(r["graph"], str(r["ops"]), f"{r['budget_fraction']:.0%}", r.get("planner_run", r["planner"]),
+        t.add_row(_graph_cell(r), str(r["ops"]), f"{r['budget_fraction']:.0%}", r.get("planner_run", r["planner"]),
                   f"{r['makespan_us'] / 1000:.2f} ms", f"{r['overhead']:+.1%}", format_bytes(r["peak_hbm_bytes"]),
                   format_bytes(r["bytes_moved"]), "" if gap is None else f"{gap:.1%}", f"{r['solve_time_s']:.1f} s")
     return t
+
+
+def _graph_cell(r: dict) -> str:
+    """The graph's name, and the hardware when it is not the default preset."""
+    hw = r.get("hardware", "ascend-910c")
+    return r["graph"] if hw == "ascend-910c" else f"{r['graph']} ({hw})"

@@ -35,6 +35,8 @@ from planner.offsets import assign_offsets, offsets_height
 from planner.placement import plan_placement
 from planner.plan import COMPUTE, Plan, ProgramBuilder
 from planner.planners.greedy_select import Context, Gap, select_gaps
+from planner.planners.none import plan_none
+from planner.planners.ordering import live_bytes
 from planner.planners.refine import place, resolve_copies
 from planner.timeline import Timeline
 
@@ -81,7 +83,28 @@ def _flag(value) -> bool:
 
 
 def plan_with_context(ctx: Context, settings: Settings, offsets: bool = True, name: str = "greedy") -> Plan:
-    """Plan with a prepared Context (the sweep shares one across settings)."""
+    """Plan with a prepared Context (the sweep shares one across settings).
+
+    When nothing has to leave HBM (the no-offload plan fits the budget) that plan is a candidate too: the
+    distance rule may offload for its own sake, and its prefetch timing is an estimate, so the faster of the two
+    is returned (the paper's planner would keep its own).
+    """
+    plan = _plan_offloading(ctx, settings, offsets, name)
+    # A cheap necessary condition first: the no-offload order's live bytes without what starts remote.
+    if plan.status != "feasible" or max(live_bytes(ctx.graph, ctx.order, remote_resident=False)) > ctx.hw.hbm_bytes:
+        return plan
+    nothing = plan_none(ctx.graph, ctx.hw, order=ctx.order_name)
+    if nothing.status != "feasible":
+        return plan
+    ours, theirs = simulate(ctx.graph, ctx.hw, plan), simulate(ctx.graph, ctx.hw, nothing)
+    if not theirs.valid or (ours.valid and ours.metrics.makespan_ns <= theirs.metrics.makespan_ns):
+        return plan
+    return replace(nothing, planner=name, options=plan.options, stats=plan.stats, notes=(
+        "nothing has to leave HBM at this budget and the no-offload program is faster than the offloading one: "
+        "it is returned",))
+
+
+def _plan_offloading(ctx: Context, settings: Settings, offsets: bool, name: str) -> Plan:
     budget = ctx.hw.hbm_bytes
     if budget < hbm_floor(ctx.graph)[0]:
         return build_plan(ctx, settings, budget, name)  # infeasible: say why, do not bother the executor

@@ -24,10 +24,12 @@ def plan_none(graph: Graph, hw: Hardware, order: str = "auto") -> Plan:
     names = best_no_offload_order(placed) if order == "auto" else graph_order(placed)
     pb = ProgramBuilder()
     fetched: dict[str, int] = {}
-    used = {t for op in placed.ops for t in op.reads}
-    for name, tier in placement.items():
-        if tier != HBM and name in used:
-            fetched[name] = pb.prefetch(name, hw.fetch_link(tier).name)
+    # Every fetch is issued at the start, in the order the ops first need them.
+    for name in names:
+        for t in placed.op(name).reads:
+            tier = placement.get(t, HBM)
+            if tier != HBM and t not in fetched:
+                fetched[t] = pb.prefetch(t, hw.fetch_link(tier).name)
     last_update = {t: name for name in names for t in placed.op(name).updates}
     store_after: dict[str, list[str]] = {}
     for t, name in last_update.items():
