@@ -246,6 +246,10 @@ def check_offsets(
     ev.sort()
     live: list[tuple[int, int, int]] = []  # (offset, end address, idx)
     max_size = max((r.bytes for r, _ in items), default=0)
+    # Live allocations that overlapped another when they started. While there are none, the live blocks are
+    # disjoint, so sorted by offset their ends are sorted too and only the block just below can reach ``off``:
+    # the backward scan below (the same answer) is needed only then, and was quadratic on large timelines.
+    clashing: set[int] = set()
     for _t, kind, idx in ev:
         r, off = items[idx]
         key = (off, off + r.bytes, idx)
@@ -253,16 +257,23 @@ def check_offsets(
             j = bisect.bisect_left(live, key)
             if j < len(live) and live[j] == key:
                 del live[j]
+                clashing.discard(idx)
             continue
         j = bisect.bisect_left(live, key)
         clash = None
         if j < len(live) and live[j][0] < off + r.bytes:
             clash = live[j]
-        k = j - 1
-        while clash is None and k >= 0 and live[k][0] > off - max_size:
-            if live[k][1] > off:
-                clash = live[k]
-            k -= 1
+        if clash is None and not clashing:
+            if j > 0 and live[j - 1][1] > off:
+                clash = live[j - 1]
+        else:
+            k = j - 1
+            while clash is None and k >= 0 and live[k][0] > off - max_size:
+                if live[k][1] > off:
+                    clash = live[k]
+                k -= 1
+        if clash is not None:
+            clashing.add(idx)
         if clash is not None:
             other = items[clash[2]][0]
             violations.append(Violation(
