@@ -26,6 +26,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
+
 from planner.timeline import Residency, Violation
 
 ALLOC, FREE = 1, -1
@@ -77,7 +79,13 @@ class CachingAllocator:
         self.free_start: dict[int, int] = {}  # start -> size
         self.free_end: dict[int, int] = {}  # end -> start
         self.by_size: list[tuple[int, int]] = []  # (size, start), sorted
-        self.blocks: dict[str, tuple[int, int]] = {}  # name -> (start, size) in the arena
+        # Live blocks in the arena: name -> slot of arrays of starts and sizes, so that a compaction moves them
+        # all in numpy (runs with hundreds of compactions of tens of thousands of blocks spent seconds in Python).
+        self._slot: dict[str, int] = {}
+        self._starts = np.zeros(64, dtype=np.int64)
+        self._sizes = np.zeros(64, dtype=np.int64)
+        self._spare: list[int] = []  # freed slots
+        self._used_slots = 0
         self.overflow: dict[str, tuple[int, int]] = {}  # name -> (start, size) above the arena
         self.free_bytes = 0
         self.high_water = 0
@@ -86,6 +94,24 @@ class CachingAllocator:
         self.defrags: list[DefragEvent] = []
         if self.capacity > 0:
             self._add_free(0, self.capacity)
+
+    @property
+    def blocks(self) -> dict[str, tuple[int, int]]:
+        """Live blocks in the arena: name -> (start, size)."""
+        return {name: (int(self._starts[s]), int(self._sizes[s])) for name, s in self._slot.items()}
+
+    def _put(self, name: str, start: int, size: int) -> None:
+        if self._spare:
+            slot = self._spare.pop()
+        else:
+            slot = self._used_slots
+            self._used_slots += 1
+            if slot >= len(self._starts):
+                self._starts = np.concatenate([self._starts, np.zeros_like(self._starts)])
+                self._sizes = np.concatenate([self._sizes, np.zeros_like(self._sizes)])
+        self._starts[slot] = start
+        self._sizes[slot] = size
+        self._slot[name] = slot
 
     # -- the free list
     def _add_free(self, start: int, size: int) -> None:
@@ -130,7 +156,7 @@ class CachingAllocator:
         self._remove_free(start)
         if fsize > size:
             self._add_free(start + size, fsize - size)
-        self.blocks[name] = (start, size)
+        self._put(name, start, size)
         self.high_water = max(self.high_water, start + size)
         return start
 
@@ -138,7 +164,9 @@ class CachingAllocator:
         if name in self.overflow:
             del self.overflow[name]
             return
-        start, size = self.blocks.pop(name)
+        slot = self._slot.pop(name)
+        self._spare.append(slot)
+        start, size = int(self._starts[slot]), int(self._sizes[slot])
         end = start + size
         if start in self.free_end:  # a free neighbour below
             below = self.free_end[start]
@@ -150,13 +178,17 @@ class CachingAllocator:
 
     def _compact(self) -> int:
         """Move every live block down, in address order; return the bytes moved."""
-        moved = 0
-        cur = 0
-        for name, (start, size) in sorted(self.blocks.items(), key=lambda kv: kv[1][0]):
-            if start != cur:
-                moved += size
-            self.blocks[name] = (cur, size)
-            cur += size
+        cur = moved = 0
+        if self._slot:
+            slots = np.fromiter(self._slot.values(), dtype=np.int64, count=len(self._slot))
+            starts = self._starts[slots]
+            order = np.argsort(starts, kind="stable")  # live blocks never share a start
+            slots, starts = slots[order], starts[order]
+            sizes = self._sizes[slots]
+            new = np.cumsum(sizes) - sizes
+            moved = int(sizes[starts != new].sum())
+            cur = int(sizes.sum())
+            self._starts[slots] = new
         self.free_start.clear()
         self.free_end.clear()
         self.by_size.clear()
@@ -177,7 +209,7 @@ def replay_caching(
     for r in log:
         if r.op == ALLOC:
             a.alloc(r.name, r.bytes, r.time_ns, r.step)
-        elif r.name in a.blocks or r.name in a.overflow:
+        elif r.name in a._slot or r.name in a.overflow:
             a.free(r.name)
     return a.report()
 
@@ -246,6 +278,10 @@ def check_offsets(
     ev.sort()
     live: list[tuple[int, int, int]] = []  # (offset, end address, idx)
     max_size = max((r.bytes for r, _ in items), default=0)
+    # Live allocations that overlapped another when they started. While there are none, the live blocks are
+    # disjoint, so sorted by offset their ends are sorted too and only the block just below can reach ``off``:
+    # the backward scan below (the same answer) is needed only then, and was quadratic on large timelines.
+    clashing: set[int] = set()
     for _t, kind, idx in ev:
         r, off = items[idx]
         key = (off, off + r.bytes, idx)
@@ -253,16 +289,23 @@ def check_offsets(
             j = bisect.bisect_left(live, key)
             if j < len(live) and live[j] == key:
                 del live[j]
+                clashing.discard(idx)
             continue
         j = bisect.bisect_left(live, key)
         clash = None
         if j < len(live) and live[j][0] < off + r.bytes:
             clash = live[j]
-        k = j - 1
-        while clash is None and k >= 0 and live[k][0] > off - max_size:
-            if live[k][1] > off:
-                clash = live[k]
-            k -= 1
+        if clash is None and not clashing:
+            if j > 0 and live[j - 1][1] > off:
+                clash = live[j - 1]
+        else:
+            k = j - 1
+            while clash is None and k >= 0 and live[k][0] > off - max_size:
+                if live[k][1] > off:
+                    clash = live[k]
+                k -= 1
+        if clash is not None:
+            clashing.add(idx)
         if clash is not None:
             other = items[clash[2]][0]
             violations.append(Violation(

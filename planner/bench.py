@@ -12,6 +12,11 @@ Suite (each at 60%, 70%, 80% and 90% of the graph's no-offload HBM peak):
   free), generated on the fly, on ``ascend-910c`` and on ``cloudmatrix384``: slow (minutes per planner), so
   only when named.
 
+The ``scale`` suite is separate (``run_scale``): it generates the two large DeepSeek-V3 + NSA inference graphs
+(``SCALE_GRAPHS``, weights on the host) and times the greedy command end to end, the greedy planner alone, and
+the executor (steps per second, without an allocator model, with the caching allocator, and with the plan's
+static offsets).
+
 Per case and planner it records: ops, valid, makespan and its overhead against no offload, peak HBM, bytes moved,
 the gap against the best makespan lower bound (``planner.bounds``: "vs bound"), the planner's wall time, where
 the tensors no op produces start (bytes per kind and tier), prefill and decode latency for inference graphs
@@ -23,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from planner import api, bounds
@@ -205,4 +210,73 @@ def compare(rows: list[dict]) -> list[dict]:
     return out
 
 
-__all__ = ["Case", "FRACTIONS", "suite", "run_case", "generated_graph", "compare"]
+# The scale suite: (preset, generator options) at one HBM budget, the figures the planner must stay fast on.
+SCALE_GRAPHS: tuple[tuple[str, dict], ...] = (
+    ("deepseek-v3-nsa-64k", {"weight_home": "host"}),
+    ("deepseek-v3-nsa-128k", {"weight_home": "host"}),
+)
+SCALE_HBM = "53.8GB"
+
+
+def run_scale(workdir: Path, hbm: str = SCALE_HBM, layers: int | None = None, repeats: int = 1,
+              graphs: tuple[tuple[str, dict], ...] = SCALE_GRAPHS,
+              progress: Callable[[str], None] | None = None) -> list[dict]:
+    """Time greedy and the executor on each of ``graphs``, generated into ``workdir``; one row per graph.
+
+    ``layers`` overrides the presets' layer count (a quick run); executor times are the best of ``repeats``.
+    Row: ops, steps, the ``ho-plan GRAPH --planner greedy`` command's wall time in a fresh process (loading,
+    planning, validating, the no-offload reference, the summary and the schedule file), greedy's own time, and per
+    allocator model the executor's time and steps per second.
+    """
+    import subprocess
+    import sys
+
+    from planner import workloads
+    from planner.formats import save_graph
+    from planner.planners.greedy import plan_greedy
+
+    rows = []
+    for preset, options in graphs:
+        kwargs = dict(options, **({"layers": layers} if layers else {}))
+        graph = workloads.generate(preset, **kwargs)
+        path = Path(workdir) / f"{preset}.json"
+        save_graph(graph, path)
+        if progress:
+            progress(f"{preset}: {len(graph.ops)} ops; greedy command")
+        t = time.perf_counter()
+        proc = subprocess.run(
+            [sys.executable, "-m", "planner", str(path), "--hbm", hbm, "--planner", "greedy", "--json",
+             "-o", str(Path(workdir) / f"{preset}.greedy.schedule.json")],
+            capture_output=True, text=True, check=False,
+        )
+        command_s = time.perf_counter() - t
+        graph = api.load_graph(path)
+        hw = api.hardware("ascend-910c", hbm=hbm)
+        if progress:
+            progress(f"{preset}: greedy in process")
+        t = time.perf_counter()
+        plan = plan_greedy(graph, hw)
+        greedy_s = time.perf_counter() - t
+        row = {"graph": preset, "ops": len(graph.ops), "steps": len(plan.steps), "hbm": hbm,
+               "command_s": round(command_s, 3), "command_exit": proc.returncode, "greedy_s": round(greedy_s, 3),
+               "status": plan.status}
+        models = {"none": (plan, False), "caching": (replace(plan, offsets={}), True)}
+        if plan.offsets:
+            models["static"] = (plan, True)
+        for model, (p, alloc) in models.items():
+            if progress:
+                progress(f"{preset}: executor ({model})")
+            best = None
+            for _ in range(max(1, repeats)):
+                t = time.perf_counter()
+                simulate(graph, hw, p, allocator=alloc)
+                dt = time.perf_counter() - t
+                best = dt if best is None else min(best, dt)
+            row[f"executor_{model}_s"] = round(best, 3)
+            row[f"executor_{model}_steps_per_s"] = round(len(p.steps) / best) if best > 0 else None
+        rows.append(row)
+    return rows
+
+
+__all__ = ["Case", "FRACTIONS", "SCALE_GRAPHS", "SCALE_HBM", "suite", "run_case", "run_scale", "generated_graph",
+           "compare"]

@@ -19,8 +19,13 @@ At equal times, ends come before frees and frees before starts.
 from __future__ import annotations
 
 import bisect
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from operator import attrgetter
+
+import numpy as np
 
 from planner.allocator import ALLOC, FREE, AllocatorReport, AllocRecord, check_offsets, replay_caching
 from planner.cost import op_durations_ns, transfer_duration_ns
@@ -47,6 +52,29 @@ def simulate(
     (planner/allocator.py), whose defragmentation events delay the compute stream (see ``_defrag_delays``).
     ``allocator=False`` skips the allocator model (planners use it to time a plan before assigning offsets).
     """
+    with gc_paused():
+        return _simulate(graph, hw, plan, durations_ns, allocator)
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector for a block that allocates many small objects and makes no cycles.
+
+    The replay creates a few objects per step (allocation records, residencies); each collection they trigger
+    rescans every live object of the graph as well, which doubled the executor's time on 30k-op graphs. The
+    collector's previous state is restored on exit.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _simulate(graph: Graph, hw: Hardware, plan: Plan, durations_ns: dict[str, int] | None, allocator: bool
+              ) -> Timeline:
     problems = check_program(graph, hw, plan)
     if problems:
         empty = Metrics(0, 0, 0, {t.name: 0 for t in hw.tiers}, {ln.name: 0 for ln in hw.links}, 0, 0)
@@ -74,8 +102,9 @@ def simulate(
             "allocator": "caching", "defrag_events": len(report.defrags), "defrag_ns": report.defrag_ns,
             "fragmentation_failures": report.fragmentation_failures, "offset_height_bytes": report.high_water_bytes,
         }
-    violations += _capacity_violations(hw, residencies)
-    metrics = replace(_metrics(graph, hw, plan.steps, timings, residencies, stall_ns), **extra)
+    sweeps = _sweeps(residencies)
+    violations += _capacity_violations(hw, residencies, sweeps)
+    metrics = replace(_metrics(graph, hw, plan.steps, timings, residencies, stall_ns, sweeps), **extra)
     violations.sort(key=lambda v: (v.time_ns, v.step if v.step is not None else -1, v.kind))
     return Timeline(tuple(timings), tuple(residencies), metrics, tuple(violations))
 
@@ -164,37 +193,67 @@ def _time_steps(
     delays = delays or {}
     links = {ln.name: ln for ln in hw.links}
     channel_free = {ln.name: [0] * ln.channels for ln in hw.links}
+    tensors = graph.tensors
+    transfer_ns: dict[tuple[int, str], int] = {}  # (bytes, link) -> ns: sizes repeat a lot
+    compute_kind, detach_kind = StepKind.COMPUTE, StepKind.DETACH
     compute_free = 0
     stall = 0
-    timings: list[StepTiming] = []
-    ends: list[int] = []  # timings[i].end_ns, kept apart for speed
+    starts: list[int] = []
+    ends: list[int] = []
+    chans: list[int] = []
     on_compute = [s.stream == COMPUTE for s in steps]
     for i, s in enumerate(steps):
         waits = s.waits
         ready = max(map(ends.__getitem__, waits)) if waits else 0
         if on_compute[i]:
-            start = max(compute_free, ready)
+            start = compute_free if compute_free >= ready else ready
             if start > compute_free:
                 # Waiting on another compute step is ordinary; waiting on a transfer is a stall.
                 own = max(compute_free, max((ends[w] for w in waits if on_compute[w]), default=0))
                 stall += start - own
-            start += delays.get(i, 0)
-            end = start + (durations[s.target] if s.kind is StepKind.COMPUTE else 0)
+            if delays:
+                start += delays.get(i, 0)
+            end = start + (durations[s.target] if s.kind is compute_kind else 0)
             compute_free = end
-            timings.append(StepTiming(start, end, 0))
+            starts.append(start)
             ends.append(end)
+            chans.append(0)
             continue
         free = channel_free[s.stream]
-        ch = min(range(len(free)), key=lambda c: (free[c], c))
-        start = max(free[ch], ready) + delays.get(i, 0)
-        if s.kind is StepKind.DETACH:
+        ch = 0 if len(free) == 1 else min(range(len(free)), key=lambda c: (free[c], c))
+        start = max(free[ch], ready) + (delays.get(i, 0) if delays else 0)
+        if s.kind is detach_kind:
             end = start
         else:
-            end = start + transfer_duration_ns(graph.tensors[s.target].bytes, links[s.stream])
+            key = (tensors[s.target].bytes, s.stream)
+            ns = transfer_ns.get(key)
+            if ns is None:
+                ns = transfer_ns[key] = transfer_duration_ns(key[0], links[s.stream])
+            end = start + ns
         free[ch] = end
-        timings.append(StepTiming(start, end, ch))
+        starts.append(start)
         ends.append(end)
-    return timings, stall
+        chans.append(ch)
+    return list(map(StepTiming, starts, ends, chans)), stall
+
+
+# Replay handler codes (indices into ``_Replay._replay_events``'s handlers).
+_H_OP_START, _H_OP_END, _H_PREFETCH_START, _H_STORE_START, _H_STORE_END, _H_DETACH, _H_DIES = range(7)
+
+
+class _OpInfo:
+    """What the replay needs of an op, computed once (``Op.reads`` builds a new tuple on every access)."""
+
+    __slots__ = ("name", "reads", "outputs", "updates", "workspace_bytes", "workspace_name", "touched")
+
+    def __init__(self, op) -> None:
+        self.name = op.name
+        self.reads = op.reads
+        self.outputs = op.outputs
+        self.updates = op.updates
+        self.workspace_bytes = op.workspace_bytes
+        self.workspace_name = "workspace:" + op.name
+        self.touched = self.reads + self.outputs
 
 
 @dataclass
@@ -227,17 +286,37 @@ class _Replay:
         self.hbm_log: list[AllocRecord] = []
         # Start times of the compute steps that read or update each tensor, to tell if a copy is still needed.
         self.use_starts: dict[str, list[int]] = {name: [] for name in graph.tensors}
-        for i, s in enumerate(steps):
-            if s.kind is StepKind.COMPUTE:
-                for tn in graph.op(s.target).reads:
+        self._index_steps()
+        for i, op in enumerate(self.step_op):
+            if op is not None:
+                for tn in op.reads:
                     self.use_starts[tn].append(timings[i].start_ns)
         for v in self.use_starts.values():
             v.sort()
 
+    def _index_steps(self) -> None:
+        """Look every op and tensor up once: per event, ``graph.op()`` and ``Op.reads`` (a new tuple each call)
+        were most of the replay's time on large graphs."""
+        infos: dict[str, _OpInfo] = {}
+        self.step_op: list[_OpInfo | None] = []
+        for s in self.steps:
+            if s.kind is StepKind.COMPUTE:
+                info = infos.get(s.target)
+                if info is None:
+                    info = infos[s.target] = _OpInfo(self.g.op(s.target))
+                self.step_op.append(info)
+            else:
+                self.step_op.append(None)
+        # name -> (kind value, bytes)
+        self.tinfo = {name: (t.kind.value, t.bytes) for name, t in self.g.tensors.items()}
+
     # -- allocation bookkeeping
     def _alloc(self, tier: str, name: str, kind: str, nbytes: int, now: int, step: int | None = None) -> None:
         self.open[(tier, name)] = (now, nbytes, kind, len(self.open_seq))
-        self.open_tiers.setdefault(name, {})[tier] = None
+        tiers = self.open_tiers.get(name)
+        if tiers is None:
+            tiers = self.open_tiers[name] = {}
+        tiers[tier] = None
         self.open_seq.append(name)
         if tier == HBM:
             self.hbm_log.append(AllocRecord(now, ALLOC, name, nbytes, step))
@@ -252,32 +331,64 @@ class _Replay:
     def _violate(self, kind: str, now: int, msg: str, step: int | None, op=None, tensor=None) -> None:
         self.violations.append(Violation(kind, now, msg, step=step, op=op, tensor=tensor))
 
-    def _events(self) -> list[tuple[int, int, int, str]]:
-        ev: list[tuple[int, int, int, str]] = []
+    def _events(self) -> list[tuple[int, int, int]]:
+        """(time, handler code, step index or n + tensor index), in time order: ends, then frees, then starts
+        at equal times, then by step. (A Prefetch's end changes nothing and is not an event.)"""
+        steps, t = self.steps, self.t
+        times: list[int] = []
+        prios: list[int] = []
+        codes: list[int] = []
+        idx: list[int] = []
         last_use: dict[str, int] = {}
-        for i, s in enumerate(self.steps):
-            st, en = self.t[i].start_ns, self.t[i].end_ns
-            if s.kind is StepKind.COMPUTE:
-                ev.append((st, _START, i, "op_start"))
-                ev.append((en, _OP_END, i, "op_end"))
-                op = self.g.op(s.target)
-                for tn in op.reads + op.outputs:
-                    last_use[tn] = max(last_use.get(tn, 0), en)
-            elif s.kind is StepKind.PREFETCH:
-                ev.append((st, _START, i, "prefetch_start"))
-                ev.append((en, _PREFETCH_END, i, "prefetch_end"))
-            elif s.kind is StepKind.STORE:
-                ev.append((st, _START, i, "store_start"))
-                ev.append((en, _STORE_END, i, "store_end"))
-                last_use[s.target] = max(last_use.get(s.target, 0), en)
+        for i, s in enumerate(steps):
+            st, en = t[i].start_ns, t[i].end_ns
+            kind = s.kind
+            if kind is StepKind.COMPUTE:
+                times += (st, en)
+                prios += (_START, _OP_END)
+                codes += (_H_OP_START, _H_OP_END)
+                idx += (i, i)
+                for tn in self.step_op[i].touched:
+                    if last_use.get(tn, 0) < en:
+                        last_use[tn] = en
+            elif kind is StepKind.PREFETCH:
+                times.append(st)
+                prios.append(_START)
+                codes.append(_H_PREFETCH_START)
+                idx.append(i)
+            elif kind is StepKind.STORE:
+                times += (st, en)
+                prios += (_START, _STORE_END)
+                codes += (_H_STORE_START, _H_STORE_END)
+                idx += (i, i)
+                if last_use.get(s.target, 0) < en:
+                    last_use[s.target] = en
             else:
-                ev.append((st, _FREE, i, "detach"))
+                times.append(st)
+                prios.append(_FREE)
+                codes.append(_H_DETACH)
+                idx.append(i)
+        n = len(steps)
+        for k, (name, tensor) in enumerate(self.g.tensors.items()):
+            if not tensor.persistent and name in last_use:
+                times.append(last_use[name])
+                prios.append(_FREE)
+                codes.append(_H_DIES)
+                idx.append(n + k)
+        times_a, idx_a, codes_a = np.array(times, dtype=np.int64), np.array(idx, dtype=np.int64), np.array(codes)
+        order = np.lexsort((idx_a, np.array(prios), times_a))
+        return list(zip(times_a[order].tolist(), codes_a[order].tolist(), idx_a[order].tolist()))
+
+    def _replay_events(self) -> None:
+        handlers = (self._op_start, self._op_end, self._prefetch_start, self._store_start, self._store_end,
+                    self._detach)
+        names = list(self.g.tensors)
         n = len(self.steps)
-        for k, name in enumerate(self.g.tensors):
-            if not self.g.tensors[name].persistent and name in last_use:
-                ev.append((last_use[name], _FREE, n + k, "dies:" + name))
-        ev.sort()
-        return ev
+        for now, code, i in self._events():
+            if code == _H_DIES:
+                self._dies(names[i - n], now)
+            else:
+                handlers[code](i, now)
 
     def run(self) -> tuple[list[Residency], list[Violation]]:
         for name, tier in self.start.items():
@@ -287,11 +398,7 @@ class _Replay:
             else:
                 self.remote[name][tier] = 0
             self._alloc(tier, name, tensor.kind.value, tensor.bytes, 0)
-        for now, _prio, i, what in self._events():
-            if what.startswith("dies:"):
-                self._dies(what[5:], now)
-            else:
-                getattr(self, "_" + what)(i, now)
+        self._replay_events()
         end = max((tm.end_ns for tm in self.t), default=0)
         self._check_restored(end)
         for tier, name in sorted(self.open):
@@ -316,9 +423,10 @@ class _Replay:
 
     # -- event handlers
     def _op_start(self, i: int, now: int) -> None:
-        op = self.g.op(self.steps[i].target)
+        op = self.step_op[i]
+        state = self.state
         for tn in op.reads:
-            st = self.state[tn]
+            st = state[tn]
             if not st.resident:
                 self._violate("not_resident", now, f"reads {tn!r}, which is not on HBM", i, op.name, tn)
             elif st.usable_ns > now:
@@ -327,21 +435,24 @@ class _Replay:
                     i, op.name, tn,
                 )
             st.pins += 1
+        end = self.t[i].end_ns
         for tn in op.outputs:
-            st = self.state[tn]
-            st.resident, st.usable_ns = True, self.t[i].end_ns
-            self._alloc(HBM, tn, self.g.tensors[tn].kind.value, self.g.tensors[tn].bytes, now, i)
+            st = state[tn]
+            st.resident, st.usable_ns = True, end
+            kind, nbytes = self.tinfo[tn]
+            self._alloc(HBM, tn, kind, nbytes, now, i)
         if op.workspace_bytes:
-            self._alloc(HBM, "workspace:" + op.name, "workspace", op.workspace_bytes, now, i)
+            self._alloc(HBM, op.workspace_name, "workspace", op.workspace_bytes, now, i)
 
     def _op_end(self, i: int, now: int) -> None:
-        op = self.g.op(self.steps[i].target)
+        op = self.step_op[i]
+        state = self.state
         for tn in op.reads:
-            self.state[tn].pins -= 1
+            state[tn].pins -= 1
         for tn in op.updates:
-            self.state[tn].version += 1
+            state[tn].version += 1
         if op.workspace_bytes:
-            self._free(HBM, "workspace:" + op.name, now)
+            self._free(HBM, op.workspace_name, now)
 
     def _prefetch_start(self, i: int, now: int) -> None:
         tn = self.steps[i].target
@@ -355,11 +466,9 @@ class _Replay:
         if st.resident:
             self._violate("already_resident", now, "prefetch of a tensor already on HBM", i, tensor=tn)
             return
-        st.resident, st.usable_ns = True, self.t[i].end_ns
-        self._alloc(HBM, tn, self.g.tensors[tn].kind.value, self.g.tensors[tn].bytes, now, i)
-
-    def _prefetch_end(self, i: int, now: int) -> None:
-        pass  # usability was set at the start from the known end time
+        st.resident, st.usable_ns = True, self.t[i].end_ns  # usable at the (known) end: no end event needed
+        kind, nbytes = self.tinfo[tn]
+        self._alloc(HBM, tn, kind, nbytes, now, i)
 
     def _store_start(self, i: int, now: int) -> None:
         tn = self.steps[i].target
@@ -372,7 +481,8 @@ class _Replay:
             st.pins += 1
             self.store_version[i] = st.version
         if (dst, tn) not in self.open and not st.dead:
-            self._alloc(dst, tn, self.g.tensors[tn].kind.value, self.g.tensors[tn].bytes, now)
+            kind, nbytes = self.tinfo[tn]
+            self._alloc(dst, tn, kind, nbytes, now)
 
     def _store_end(self, i: int, now: int) -> None:
         tn = self.steps[i].target
@@ -409,12 +519,15 @@ class _Replay:
         st.resident = False
 
 
-def _capacity_violations(hw: Hardware, residencies: list[Residency]) -> list[Violation]:
+def _capacity_violations(
+    hw: Hardware, residencies: list[Residency], sweeps: dict[str, list[tuple[int, int, str]]] | None = None
+) -> list[Violation]:
     """One violation each time a tier goes over its capacity (frees at a time count before allocations)."""
     out: list[Violation] = []
     for tier in hw.tiers:
         cur, over = 0, False
-        for time, delta, name in _sweep(residencies, tier.name):
+        sweep = sweeps.get(tier.name, []) if sweeps is not None else _sweep(residencies, tier.name)
+        for time, delta, name in sweep:
             cur += delta
             if cur > tier.capacity_bytes and not over:
                 out.append(Violation(
@@ -441,6 +554,24 @@ def _sweep(residencies: list[Residency], tier: str) -> list[tuple[int, int, str]
     return [(t, d, n) for t, _o, _s, d, n in ev]
 
 
+def _sweeps(residencies: list[Residency]) -> dict[str, list[tuple[int, int, str]]]:
+    """``_sweep`` for every tier at once (one pass over the residencies instead of one per tier and use)."""
+    ev: dict[str, list] = {}
+    for r in residencies:
+        if r.end_ns > r.start_ns or r.until_end:
+            tier_ev = ev.get(r.tier)
+            if tier_ev is None:
+                tier_ev = ev[r.tier] = []
+            tier_ev.append((r.start_ns, 1, r.seq, r.bytes, r.name))
+            if not r.until_end:
+                tier_ev.append((r.end_ns, 0, r.seq, -r.bytes, r.name))
+    out = {}
+    for tier, tier_ev in ev.items():
+        tier_ev.sort()
+        out[tier] = [(t, d, n) for t, _o, _s, d, n in tier_ev]
+    return out
+
+
 def occupancy(residencies: list[Residency] | tuple[Residency, ...], tier: str) -> list[tuple[int, int]]:
     """Return (time_ns, bytes on ``tier`` from then on), one point per change."""
     out: list[tuple[int, int]] = []
@@ -456,7 +587,7 @@ def occupancy(residencies: list[Residency] | tuple[Residency, ...], tier: str) -
 
 def _metrics(
     graph: Graph, hw: Hardware, steps: tuple[Step, ...], timings: list[StepTiming],
-    residencies: list[Residency], stall_ns: int,
+    residencies: list[Residency], stall_ns: int, sweeps: dict[str, list[tuple[int, int, str]]] | None = None,
 ) -> Metrics:
     makespan = max((tm.end_ns for tm in timings), default=0)
     compute = [(timings[i].start_ns, timings[i].end_ns) for i, s in enumerate(steps) if s.kind is StepKind.COMPUTE]
@@ -464,7 +595,8 @@ def _metrics(
     peak = {}
     for tier in hw.tiers:
         cur = best = 0
-        for _t, delta, _n in _sweep(residencies, tier.name):
+        sweep = sweeps.get(tier.name, []) if sweeps is not None else _sweep(residencies, tier.name)
+        for _t, delta, _n in sweep:
             cur += delta
             best = max(best, cur)
         peak[tier.name] = best

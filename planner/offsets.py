@@ -8,67 +8,127 @@ and keeps whichever reaches the lower height. The result maps each allocation na
 int, or to a list of ints when a name is resident several times (the k-th entry for its k-th residency, in
 start order), which is the form ``Plan.offsets`` takes.
 
-Timelines of tens of thousands of allocations are handled with two indexes: long-lived blocks are few and
-scanned whole; short-lived ones are kept sorted by start so that only a window of them is scanned.
+Timelines of tens of thousands of allocations (most of them live at once, as KV-cache blocks are) are handled
+by never listing the blocks a new one overlaps in time: best fit needs only the union of their address ranges,
+which a segment tree over time keeps merged per node (``_Placed``).
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable
+from itertools import chain
 
 import numpy as np
 
 from planner.allocator import live_end, residency_instances
 from planner.timeline import Residency
 
+# A union of address intervals, kept merged: sorted disjoint [starts[k], ends[k]) (touching ones merge).
+_Union = tuple[list[int], list[int]]
 
-class _Rows:
-    """A growable array of (start, end, offset, size) rows."""
 
-    def __init__(self) -> None:
-        self.a = np.zeros((16, 4), dtype=np.int64)
-        self.n = 0
-
-    def add(self, row: tuple[int, int, int, int]) -> None:
-        if self.n == len(self.a):
-            self.a = np.concatenate([self.a, np.zeros_like(self.a)])
-        self.a[self.n] = row
-        self.n += 1
-
-    def view(self) -> np.ndarray:
-        return self.a[: self.n]
+def _merge_into(unions: dict[int, _Union], v: int, a: int, b: int) -> None:
+    """Add the address range [a, b) to the union of node ``v``."""
+    u = unions.get(v)
+    if u is None:
+        unions[v] = ([a], [b])
+        return
+    starts, ends = u
+    i = bisect.bisect_left(ends, a)  # the first interval that ends at or after a
+    j = bisect.bisect_right(starts, b, i)  # one past the last that starts at or before b
+    if i == j:
+        starts.insert(i, a)
+        ends.insert(i, b)
+        return
+    if starts[i] < a:
+        a = starts[i]
+    if ends[j - 1] > b:
+        b = ends[j - 1]
+    if j == i + 1:
+        starts[i] = a
+        ends[i] = b
+    else:
+        starts[i:j] = [a]
+        ends[i:j] = [b]
 
 
 class _Placed:
-    """Placed blocks, indexed for the query "which blocks are live at some time in [s, e)".
+    """Placed blocks, indexed for the query "the union of the address ranges of the blocks live at some time in
+    [s, e)". Best fit depends on those blocks only through that union (its free gaps and its top), so a query
+    never lists the blocks: at tens of thousands of live blocks, listing them was quadratic.
 
-    Blocks that live longer than ``long_cut`` are few and scanned whole; the others sit in buckets by start
-    time, and a query scans only the buckets that can hold a block overlapping [s, e).
+    A segment tree over the elementary time intervals between the allocations' start and end times: a block is
+    added to the ``cover`` union of the O(log T) nodes that make up its time range, and to the ``sub`` union of
+    those nodes and their ancestors. The blocks live in a query's range are then those in ``sub`` of the nodes
+    that make up the range and those in ``cover`` of their ancestors.
     """
 
-    def __init__(self, horizon: int) -> None:
-        self.long_cut = max(1, horizon // 32)
-        self.width = max(1, self.long_cut // 2)
-        self.long = _Rows()
-        self.buckets: dict[int, _Rows] = {}
+    def __init__(self, times: list[int]) -> None:
+        self.index = {t: k for k, t in enumerate(times)}
+        size = 1
+        while size < max(1, len(times) - 1):
+            size *= 2
+        self.size = size
+        self.cover: dict[int, _Union] = {}
+        self.sub: dict[int, _Union] = {}
+        # Many blocks share a time range (KV-cache blocks), and each range is asked for twice (query, then add).
+        self._node_cache: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
 
-    def add(self, s: int, e: int, off: int, size: int) -> None:
-        if e - s > self.long_cut:
-            self.long.add((s, e, off, size))
-        else:
-            self.buckets.setdefault(s // self.width, _Rows()).add((s, e, off, size))
+    def _nodes(self, s: int, e: int) -> tuple[list[int], list[int]]:
+        """(the nodes that make up the time range [s, e), their proper ancestors)."""
+        got = self._node_cache.get((s, e))
+        if got is not None:
+            return got
+        lo, hi = self.index[s] + self.size, self.index[e] + self.size
+        nodes = []
+        while lo < hi:
+            if lo & 1:
+                nodes.append(lo)
+                lo += 1
+            if hi & 1:
+                hi -= 1
+                nodes.append(hi)
+            lo >>= 1
+            hi >>= 1
+        ancestors: list[int] = []
+        seen = set(nodes)
+        for v in nodes:
+            v >>= 1
+            while v and v not in seen:
+                seen.add(v)
+                ancestors.append(v)
+                v >>= 1
+        got = self._node_cache[(s, e)] = (nodes, ancestors)
+        return got
+
+    def add(self, s: int, e: int, offs: list[int], size: int) -> None:
+        """Place blocks of ``size`` bytes at each of ``offs``, all live over the time range [s, e)."""
+        nodes, ancestors = self._nodes(s, e)
+        # Merge the blocks among themselves first: a run of blocks side by side is one interval to add.
+        merged: list[list[int]] = []
+        for off in sorted(offs):
+            if merged and off <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], off + size)
+            else:
+                merged.append([off, off + size])
+        cover, sub = self.cover, self.sub
+        for a, b in merged:
+            for v in nodes:
+                _merge_into(cover, v, a, b)
+                _merge_into(sub, v, a, b)
+            for v in ancestors:
+                _merge_into(sub, v, a, b)
 
     def overlapping(self, s: int, e: int) -> tuple[np.ndarray, np.ndarray]:
-        """Return (offsets, ends in address) of the placed blocks live at some time in [s, e)."""
-        parts = [self.long.view()]
-        for b in range((s - self.long_cut) // self.width, (e - 1) // self.width + 1):
-            rows = self.buckets.get(b)
-            if rows is not None:
-                parts.append(rows.view())
-        rows = np.concatenate(parts) if len(parts) > 1 else parts[0]
-        m = (rows[:, 0] < e) & (rows[:, 1] > s)
-        sel = rows[m]
-        return sel[:, 2], sel[:, 2] + sel[:, 3]
+        """Return (starts, ends) of address intervals whose union is that of the placed blocks live at some
+        time in [s, e)."""
+        nodes, ancestors = self._nodes(s, e)
+        sub, cover = self.sub, self.cover
+        parts = [sub[v] for v in nodes if v in sub] + [cover[v] for v in ancestors if v in cover]
+        starts = np.fromiter(chain.from_iterable(p[0] for p in parts), dtype=np.int64)
+        ends = np.fromiter(chain.from_iterable(p[1] for p in parts), dtype=np.int64)
+        return starts, ends
 
 
 def best_fit_offset(offs: np.ndarray, ends: np.ndarray, size: int) -> int:
@@ -116,21 +176,37 @@ def assign_offsets(
     inst = residency_instances(residencies, tier)
     if not inst:
         return {}
-    horizon = max(live_end(r) for r, _ in inst) - min(r.start_ns for r, _ in inst)
-    placed = _Placed(horizon)
+    placed = _Placed(sorted({r.start_ns for r, _ in inst} | {live_end(r) for r, _ in inst}))
     result: dict[tuple[str, int], int] = {}
     key = ORDERS[order]
     order = sorted(range(len(inst)), key=lambda i: key(inst[i][0]) + (inst[i][0].name, inst[i][1]))
-    for i in order:
-        r, k = inst[i]
+    pos = 0
+    while pos < len(order):
+        r, k = inst[order[pos]]
         end = live_end(r)
         if end <= r.start_ns:
             result[(r.name, k)] = 0
+            pos += 1
             continue
+        # A run of blocks with the same size and time range comes next in every order (thousands of KV-cache
+        # blocks): one query serves the whole run, each block placed also counting the ones placed before it.
+        run = pos + 1
+        while run < len(order):
+            r2 = inst[order[run]][0]
+            if r2.bytes != r.bytes or r2.start_ns != r.start_ns or live_end(r2) != end:
+                break
+            run += 1
         offs, ends = placed.overlapping(r.start_ns, end)
-        off = best_fit_offset(offs, ends, r.bytes)
-        placed.add(r.start_ns, end, off, r.bytes)
-        result[(r.name, k)] = off
+        new: list[int] = []
+        for p in range(pos, run):
+            off = best_fit_offset(offs, ends, r.bytes)
+            new.append(off)
+            if p + 1 < run:
+                offs, ends = np.append(offs, off), np.append(ends, off + r.bytes)
+            rp, kp = inst[order[p]]
+            result[(rp.name, kp)] = off
+        placed.add(r.start_ns, end, new, r.bytes)
+        pos = run
     out: dict[str, list[int]] = {}
     for (name, _k), off in sorted(result.items()):
         out.setdefault(name, []).append(off)

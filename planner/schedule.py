@@ -69,6 +69,8 @@ def schedule_to_dict(graph: Graph, hw: Hardware, plan: Plan, timeline: Timeline)
 
 def dumps_schedule(doc: dict) -> str:
     """Serialise a schedule document: one line per tensor, program step and timeline entry (diff-friendly)."""
+    # One encoder for every line: json.dumps with options builds a new one per call (seconds on 600k lines).
+    item_json = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
     lines = ["{"]
     keys = list(doc)
     for k, key in enumerate(keys):
@@ -78,7 +80,7 @@ def dumps_schedule(doc: dict) -> str:
             lines.append(f" {json.dumps(key)}: [")
             for j, item in enumerate(value):
                 sep = "," if j < len(value) - 1 else ""
-                lines.append("  " + json.dumps(item, sort_keys=True, separators=(",", ":")) + sep)
+                lines.append("  " + item_json(item) + sep)
             lines.append(" ]" + comma)
         else:
             lines.append(f" {json.dumps(key)}: " + json.dumps(value, sort_keys=True) + comma)

@@ -24,13 +24,15 @@ Examples:
   ho-plan bench --quick -o bench.json                 # 3 graphs, about 10 minutes at the default limit
   ho-plan bench --only deepseek --budgets 0.6,0.9 --time-limit 60 -o ds.json
   ho-plan bench --suite generated --only 10k --budgets 0.7
+  ho-plan bench --suite scale -o scale.json            # greedy and executor speed on the 29k/39k-op graphs
 """
 
 
 @main.command("bench", epilog=BENCH_EXAMPLES)
 @click.option("--suite", "suites", default="paper,checkmate,generated", show_default=True,
               help="Comma-separated: paper (graphs/), checkmate (../shared/graphs/checkmate), generated, onnx "
-                   "(tests/fixtures/onnx), fullsize (DeepSeek-V3 + NSA 64k, 61 layers, on two presets: slow).")
+                   "(tests/fixtures/onnx), fullsize (DeepSeek-V3 + NSA 64k, 61 layers, on two presets: slow); or "
+                   "scale (greedy and executor speed on the DeepSeek-V3 + NSA 64k and 128k graphs, see --scale-*).")
 @click.option("--quick", is_flag=True, help="Only transformer_block, DeepSeek-V3+NSA 64k and the 1k generated graph.")
 @click.option("--only", "only", multiple=True, help="Keep the graphs whose name contains this (repeatable).")
 @click.option("--budgets", default="0.6,0.7,0.8,0.9", show_default=True,
@@ -39,12 +41,23 @@ Examples:
 @click.option("--time-limit", type=float, default=60.0, show_default=True, help="cpsat's limit per case (s).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--workers", type=int, default=2, show_default=True)
+@click.option("--scale-hbm", default=None, help="scale suite: HBM budget (default 53.8GB).")
+@click.option("--scale-layers", type=int, default=None, help="scale suite: layers per graph (default: the presets').")
+@click.option("--repeats", type=int, default=1, show_default=True, help="scale suite: executor runs (best kept).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write every row as JSON.")
-def bench_cmd(suites, quick, only, budgets, planners, time_limit, seed, workers, output):
+def bench_cmd(suites, quick, only, budgets, planners, time_limit, seed, workers, scale_hbm, scale_layers, repeats,
+              output):
     """Run the benchmark suite and print greedy against cpsat per graph and budget."""
 
     def go():
         from planner import bench
+
+        names_given = [s.strip() for s in suites.split(",") if s.strip()]
+        if "scale" in names_given:
+            if len(names_given) > 1:
+                raise InputError("command line", "--suite", "scale runs on its own")
+            _scale(bench, scale_hbm or bench.SCALE_HBM, scale_layers, repeats, output)
+            return
 
         try:
             fractions = tuple(float(x) for x in budgets.split(",") if x.strip())
@@ -93,6 +106,39 @@ def bench_cmd(suites, quick, only, budgets, planners, time_limit, seed, workers,
                        f"of {len(cmp)} cases")
 
     run_guarded(go)
+
+
+def _scale(bench, hbm: str, layers: int | None, repeats: int, output: str | None) -> None:
+    import tempfile
+    from pathlib import Path
+
+    err = Console(stderr=True)
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="ho-plan-scale-") as tmp:
+        rows = bench.run_scale(Path(tmp), hbm=hbm, layers=layers, repeats=repeats,
+                               progress=lambda m: err.print(f"[dim]{time.monotonic() - t0:7.1f} s[/] {m}",
+                                                            highlight=False))
+    if output:
+        write_atomic(output, json.dumps({"scale": rows}, indent=1))
+    t = Table(title=f"ho-plan bench --suite scale (HBM {hbm})", title_justify="left")
+    for col in ("graph", "ops", "steps", "greedy command", "greedy", "executor", "+ caching allocator",
+                "+ static offsets"):
+        t.add_column(col, justify="left" if col == "graph" else "right")
+
+    def rate(r: dict, model: str) -> str:
+        s = r.get(f"executor_{model}_s")
+        if s is None:
+            return ""
+        return f"{s:.2f} s ({r[f'executor_{model}_steps_per_s'] / 1000:.0f}k steps/s)"
+
+    for r in rows:
+        cmd = f"{r['command_s']:.1f} s" + ("" if r["command_exit"] == 0 else f" (exit {r['command_exit']})")
+        t.add_row(r["graph"], str(r["ops"]), str(r["steps"]), cmd, f"{r['greedy_s']:.1f} s", rate(r, "none"),
+                  rate(r, "caching"), rate(r, "static"))
+    out = Console()
+    if not out.is_terminal:
+        out = Console(width=160)
+    out.print(t)
 
 
 def _table(rows: list[dict]) -> Table:
