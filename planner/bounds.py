@@ -211,7 +211,46 @@ def makespan_bounds(graph: Graph, hw: Hardware) -> list[Bound]:
         out.append(Bound("makespan_ns", float(best),
                          f"op {best_op!r}: its ancestors' compute, or the stores and fetches the HBM budget forces "
                          "before it, then its own and its descendants' compute"))
+    back = store_back_bound(graph, hw, anc, as_array, dur)
+    if back is not None:
+        out.append(back)
     return out
+
+
+def store_back_bound(graph: Graph, hw: Hardware, anc, as_array, dur) -> Bound | None:
+    """Steady state: a tensor pinned to a remote tier and updated in place is stored back to that tier after its
+    last update (planner/placement.py). Its Store is released no earlier than the compute of that update and its
+    ancestors; the Stores to one tier share its store link. The least time to run jobs with release times on a
+    machine of that rate (preemption allowed, which only lowers it) is the largest, over the release times r, of
+    r plus the work released at or after r. Tensors whose tier the planner chooses are left out (they may start
+    on HBM)."""
+    from planner.hardware import HBM
+
+    last_update: dict[str, int] = {}
+    for i, op in enumerate(graph.ops):
+        for t in op.updates:
+            last_update[t] = i
+    jobs: dict[str, list[tuple[float, float]]] = {}
+    for t, i in last_update.items():
+        tensor = graph.tensors[t]
+        if t in graph.producer or not tensor.pinned or tensor.home == HBM or not tensor.persistent:
+            continue
+        link = hw.store_link(tensor.home)
+        rate = link.bandwidth_Bps * link.channels
+        release = float(dur[as_array(anc[i]).astype(bool)].sum()) + float(dur[i])
+        jobs.setdefault(tensor.home, []).append((release, tensor.bytes / rate * 1e9))
+    best, where = 0.0, None
+    for tier, js in jobs.items():
+        js.sort()
+        tail = 0.0
+        for release, work in reversed(js):
+            tail += work
+            if release + tail > best:
+                best, where = release + tail, tier
+    if where is None:
+        return None
+    return Bound("makespan_ns", best, f"tensors pinned to {where} are stored back there after their last update, "
+                                      "on its store link, no earlier than that update's ancestors' compute")
 
 
 def makespan_bound(graph: Graph, hw: Hardware) -> Bound:

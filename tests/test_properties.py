@@ -10,7 +10,7 @@ from conftest import simple_hardware
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.bounds import initial_hbm_bytes, largest_working_set
+from planner.bounds import initial_hbm_bytes, largest_working_set, makespan_bounds
 from planner.executor import simulate
 from planner.graph import AUTO, Graph, Op, Tensor, TensorKind
 from planner.hardware import HBM, Hardware, Link, Tier
@@ -96,6 +96,8 @@ def check(g: Graph, hw: Hardware) -> None:
         tl = simulate(g, hw, plan)
         if tl.valid:
             assert_restored(g, plan, tl)
+            for b in makespan_bounds(g, hw):  # every bound holds for every valid plan
+                assert b.value <= tl.metrics.makespan_ns + 1e-6, (name, b.reason, b.value, tl.metrics.makespan_ns)
             if name == "greedy":
                 assert plan.status == "feasible", plan.notes
             continue
