@@ -3,7 +3,7 @@
 import json
 
 from click.testing import CliRunner
-from conftest import chain_graph, simple_hardware
+from conftest import ROOT, chain_graph, simple_hardware
 
 from planner.cli import main
 from planner.graph import Graph, Op, Tensor, TensorKind
@@ -131,3 +131,25 @@ def test_min_budget_search_finds_each_planners_lowest_budget():
     assert 210 <= low < 230 and sw["lowest"]["reactive"]["peak_hbm_bytes"] <= low
     # one byte less and reactive has no valid plan (or it is the working set itself)
     assert low == 210 or any(p["hbm_budget_bytes"] == low - 1 and not p["fits"] for p in sw["points"])
+
+
+def test_budget_and_bandwidth_sweeps_are_monotone_by_construction():
+    # A plan valid at a tighter point seeds the looser ones: the makespan never goes up as the budget or the
+    # bandwidth grows, and a seeded point says where its plan came from (and is valid there: the executor ran it).
+    from planner import api
+    from planner.placement import apply_homes
+
+    g = apply_homes(api.load_graph(ROOT / "graphs" / "transformer_block.json"), {"weight": "auto"})
+    hw = api.hardware("ascend-910c", hbm="1.2GB")
+    for sweep, key in ((budget_sweep(g, hw, (0.45, 0.5, 0.55, 0.6, 0.7), ["reactive", "greedy"]), "fraction"),
+                       (bandwidth_sweep(g, hw, (20.0, 33.6, 40.0, 50.0), planners=["reactive", "greedy"]),
+                        "bandwidth_GBps")):
+        for name in ("reactive", "greedy"):
+            pts = sorted((p for p in sweep["points"] if p["planner"] == name and p["valid"]), key=lambda p: p[key])
+            assert len(pts) >= 2
+            for a, b in zip(pts, pts[1:]):
+                assert b["makespan_us"] <= a["makespan_us"], (name, key, a[key], b[key])
+            for p in pts:
+                assert p["seeded_from"] is None or p["seeded_from"] < p[key]
+        assert all("plan" not in p for p in sweep["points"])
+        json.dumps(sweep)

@@ -9,6 +9,11 @@
 
 Points run one by one or in worker processes (``jobs``); a point's result never depends on which. Wall-clock
 solve times are kept apart from the data, under ``"timing"``, since they differ run to run.
+
+Budget and bandwidth sweeps are monotone by construction (``seed_looser``): a plan valid at a tighter budget is
+valid at a looser one with the same timing, and a plan made for a slower link usually still is on a faster one
+(the executor re-times it and checks it). So, per planner, each point also tries the best plan of the tighter
+points, re-simulated there, and keeps it when it is faster than its own (``seeded_from`` says where it came from).
 """
 
 from __future__ import annotations
@@ -21,9 +26,11 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import replace
 
 from planner import api
+from planner.executor import simulate
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware, Tier
-from planner.report.compare import VALID, available_planners, lower_bounds, run_planner
+from planner.placement import bytes_by_kind
+from planner.report.compare import VALID, available_planners, lower_bounds, metrics_row, run_planner
 
 Progress = Callable[[int, int, str], None]  # (done, total, label of the point just finished)
 
@@ -32,6 +39,11 @@ DEFAULT_BANDWIDTHS_GBPS = (20.0, 33.6, 40.0, 50.0, 70.0, 100.0, 200.0, 400.0)
 
 # Keys of a point that are measurements of the machine, not of the plan.
 TIMING_KEYS = ("solve_time_s",)
+# A point's plan, carried from the worker to ``seed_looser`` and dropped before the sweep is returned.
+PLAN_KEY = "plan"
+# The compact row of a point.
+POINT_KEYS = ("planner", "status", "valid", "violations", "hbm_budget_bytes", "peak_hbm_bytes", "makespan_us",
+              "overhead", "bytes_moved", "stall_us", "defrag_events", "gap_vs_bound", "solve_time_s")
 
 
 # -- running points -------------------------------------------------------------------------------------------
@@ -110,19 +122,53 @@ def _split_timing(row: dict) -> dict:
     return out
 
 
-def _point_row(graph: Graph, hw: Hardware, planner: str, options: dict | None) -> dict:
-    """One planner at one hardware, as a compact point: status, peak, makespan, overhead, moved, stall."""
+def _point_row(graph: Graph, hw: Hardware, planner: str, options: dict | None, keep_plan: bool = False) -> dict:
+    """One planner at one hardware, as a compact point: status, peak, makespan, overhead, moved, stall (and the
+    plan under ``PLAN_KEY`` when ``keep_plan``)."""
     reference = api.no_offload_reference(graph, hw)
     bounds = lower_bounds(graph, hw)
-    row = run_planner(graph, hw, planner, reference, bounds, options).row
-    keep = ("planner", "status", "valid", "violations", "hbm_budget_bytes", "peak_hbm_bytes", "makespan_us",
-            "overhead", "bytes_moved", "stall_us", "defrag_events", "gap_vs_bound", "solve_time_s")
-    out = {k: row.get(k) for k in keep}
+    run = run_planner(graph, hw, planner, reference, bounds, options)
+    out = {k: run.row.get(k) for k in POINT_KEYS}
+    if keep_plan:
+        out[PLAN_KEY] = run.plan if out["status"] == VALID else None
     out["no_offload_makespan_us"] = reference.metrics.makespan_ns / 1000
     out["no_offload_peak_hbm_bytes"] = reference.metrics.peak_bytes.get(HBM, 0)
     out["makespan_bound_us"] = bounds["makespan_us"]["value"]
-    out["notes"] = row.get("notes", [])[:3]
+    out["notes"] = run.row.get("notes", [])[:3]
     return out
+
+
+def seed_looser(graph: Graph, rows: list[dict], order: Callable[[dict], float],
+                hardware_of: Callable[[dict], Hardware]) -> list[dict]:
+    """Per planner, from the tightest point (smallest ``order``) to the loosest: re-simulate the best plan of the
+    tighter points at this point and take it when it is valid and faster than the point's own plan. Returns the
+    rows (updated in place), without their plans."""
+    by_planner: dict[str, list[dict]] = {}
+    for r in rows:
+        by_planner.setdefault(r["planner"], []).append(r)
+    for points in by_planner.values():
+        carried: tuple[object, float] | None = None  # (plan, order of the point it was made for)
+        for r in sorted(points, key=order):
+            own_ok = r["status"] == VALID
+            if carried is not None:
+                plan, source = carried
+                hw = hardware_of(r)
+                tl = simulate(graph, hw, plan)
+                if tl.valid and (not own_ok or tl.metrics.makespan_ns / 1000 < r["makespan_us"]):
+                    row = metrics_row({"planner": r["planner"], "hbm_budget_bytes": hw.hbm_bytes}, hw, plan, tl,
+                                      api.no_offload_reference(graph, hw), lower_bounds(graph, hw), 0.0)
+                    r.update({k: row.get(k) for k in POINT_KEYS if k not in ("planner", "solve_time_s")})
+                    r[PLAN_KEY], r["seeded_from"] = plan, source
+                    if "start_placement" in r:
+                        r["start_placement"] = bytes_by_kind(graph, plan.placement)
+                    r["notes"] = [f"the plan made for the tighter point {source:g} is faster here"] + r["notes"][:2]
+            if r["status"] == VALID and r.get(PLAN_KEY) is not None:
+                if carried is None or r[PLAN_KEY] is not carried[0]:
+                    carried = (r[PLAN_KEY], r.get("seeded_from", order(r)))
+    for r in rows:
+        r.pop(PLAN_KEY, None)
+        r.setdefault("seeded_from", None)
+    return rows
 
 
 # Sweep points run in parallel processes; CP-SAT runs single-worker there, which also makes it deterministic
@@ -160,7 +206,7 @@ def with_bandwidth(hw: Hardware, links: Sequence[str], bandwidth_Bps: float) -> 
 def _budget_point(p: dict) -> dict:
     graph = _worker_graph()
     hw = with_hbm(Hardware.from_dict(p["hardware"]), p["hbm_bytes"])
-    out = _point_row(graph, hw, p["planner"], p["options"])
+    out = _point_row(graph, hw, p["planner"], p["options"], keep_plan=True)
     out["fraction"] = p["fraction"]
     return _split_timing(out)
 
@@ -178,6 +224,7 @@ def budget_sweep(graph: Graph, hw: Hardware, fractions: Sequence[float] = DEFAUL
         for f in fractions for n in names
     ]
     rows = run_points(_budget_point, points, jobs, progress, graph)
+    rows = seed_looser(graph, rows, lambda r: r["fraction"], lambda r: with_hbm(hw, r["hbm_budget_bytes"]))
     return {"kind": "budget", "graph": graph.name, "hardware": hw.name, "no_offload_peak_hbm_bytes": peak,
             "fractions": list(fractions), "planners": names, "points": rows}
 
@@ -188,7 +235,7 @@ def budget_sweep(graph: Graph, hw: Hardware, fractions: Sequence[float] = DEFAUL
 def _bandwidth_point(p: dict) -> dict:
     graph = _worker_graph()
     hw = with_bandwidth(Hardware.from_dict(p["hardware"]), p["links"], p["bandwidth_GBps"] * 1e9)
-    out = _point_row(graph, hw, p["planner"], p["options"])
+    out = _point_row(graph, hw, p["planner"], p["options"], keep_plan=True)
     out["bandwidth_GBps"] = p["bandwidth_GBps"]
     return _split_timing(out)
 
@@ -207,6 +254,8 @@ def bandwidth_sweep(graph: Graph, hw: Hardware, bandwidths_GBps: Sequence[float]
         for b in bandwidths_GBps for n in names
     ]
     rows = run_points(_bandwidth_point, points, jobs, progress, graph)
+    rows = seed_looser(graph, rows, lambda r: r["bandwidth_GBps"],
+                       lambda r: with_bandwidth(hw, links, r["bandwidth_GBps"] * 1e9))
     return {"kind": "bandwidth", "graph": graph.name, "hardware": hw.name, "hbm_budget_bytes": hw.hbm_bytes,
             "links": list(links), "bandwidths_GBps": [float(b) for b in bandwidths_GBps], "planners": names,
             "points": rows}
