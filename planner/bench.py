@@ -8,6 +8,9 @@ Suite (each at 60%, 70%, 80% and 90% of the graph's no-offload HBM peak):
   pipeline stage 0, with as many micro-batches as it takes; ``generated_graph``);
 - ``onnx``: the ONNX fixtures in ``tests/fixtures/onnx`` (weights free: the planner picks their tier), at
   batch 2 and 16 tokens;
+- ``small``: graphs of up to 12 ops where the ``exact`` planner proves the optimum (``small_graphs``): a
+  chain, free weights, random DAGs with random pins and free homes, the transformer block cut to its first 10
+  ops; run with ``--planners ...,exact`` for every planner's true gap to the optimum (``true_gaps``);
 - ``fullsize``: the paper's full DeepSeek-V3 + NSA inference graph at 64k tokens (61 layers, 29k ops, weights
   free), generated on the fly, on ``ascend-910c`` and on ``cloudmatrix384``: slow (minutes per planner), so
   only when named.
@@ -28,12 +31,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+import numpy as np
 
 from planner import api, bounds
 from planner.executor import simulate
-from planner.graph import Graph
+from planner.graph import AUTO, Graph, Op, Tensor, TensorKind
 from planner.hardware import HBM
 from planner.placement import bytes_by_kind
 from planner.planners.none import plan_none
@@ -52,6 +57,7 @@ class Case:
     suite: str
     load: Callable[[], Graph]
     preset: str = "ascend-910c"
+    overrides: dict = field(default_factory=dict)  # planner.hardware.with_overrides keywords
 
 
 def generated_graph(ops: int) -> Graph:
@@ -66,6 +72,98 @@ def generated_graph(ops: int) -> Graph:
         micro = max(1, round(ops / (16 * 31.2)))
         g = workloads.generate("llama3-8b-no2", layers=16, grad_accum=micro)
     return Graph(name=f"generated-{ops // 1000}k", tensors=g.tensors, ops=g.ops, metadata=dict(g.metadata))
+
+
+# The small suite's links: 1 GB/s and no latency, so that with sizes in kilobytes and durations in microseconds
+# every duration is a whole number of microseconds and the exact reference can count time in microseconds.
+SMALL_LINKS = {"link_bandwidth": {"d2h": "1GB/s", "h2d": "1GB/s"}, "link_latency": {"d2h": "0us", "h2d": "0us"}}
+
+
+def small_graphs(randoms: int = 6, seed: int = 0) -> list[Graph]:
+    """Graphs of at most 12 ops for the exact reference (with ``SMALL_LINKS``): sizes in kilobytes and durations
+    in microseconds, so that transfers (1 us per KB) and compute are of one scale."""
+    mb, us = 10**3, 1e-6
+    out = []
+    # A chain whose weights are free: how many start remote is the question.
+    tensors = [Tensor("x", 4 * mb, TensorKind.INPUT)]
+    ops = []
+    prev = "x"
+    for i in range(6):
+        tensors += [Tensor(f"w{i}", 24 * mb, TensorKind.WEIGHT, home=AUTO), Tensor(f"a{i}", 4 * mb)]
+        ops.append(Op(f"op{i}", "MatMul", (prev, f"w{i}"), (f"a{i}",), duration_s=200 * us))
+        prev = f"a{i}"
+    out.append(Graph.build("free-weights-6", tensors, ops))
+    # Forward and backward of three layers: activations wait for their backward use.
+    tensors, ops = [Tensor("x", 8 * mb, TensorKind.INPUT)], []
+    for i in range(3):
+        tensors += [Tensor(f"h{i}", 32 * mb), Tensor(f"g{i}", 8 * mb, TensorKind.GRADIENT)]
+        ops.append(Op(f"f{i}", "F", ("x" if i == 0 else f"h{i - 1}",), (f"h{i}",), duration_s=150 * us))
+    for i in reversed(range(3)):
+        ops.append(Op(f"b{i}", "B", (f"h{i}",) + ((f"g{i + 1}",) if i < 2 else ()), (f"g{i}",),
+                      duration_s=300 * us))
+    out.append(Graph.build("fwd-bwd-3", tensors, ops))
+    rng = np.random.default_rng(seed)
+    for k in range(randoms):
+        out.append(_random_dag(rng, f"random-{k}", n_ops=int(rng.integers(5, 11))))
+    out.append(_cut(api.load_graph(ROOT / "graphs" / "transformer_block.json"), 10, "transformer_block-10"))
+    return out
+
+
+def _random_dag(rng: np.random.Generator, name: str, n_ops: int) -> Graph:
+    """A random DAG: a few tensors that exist before the step (pinned to HBM or the host, or free; some updated in
+    place), then ops reading the previous op's first output (a backbone, which keeps the number of orders small
+    enough to enumerate) and up to two more earlier tensors, and making one or two."""
+    mb, us = 10**3, 1e-6
+    tensors: list[Tensor] = []
+    avail: list[str] = []
+    for k in range(int(rng.integers(2, 5))):
+        kind = [TensorKind.WEIGHT, TensorKind.OPTIMIZER_STATE, TensorKind.INPUT][int(rng.integers(0, 3))]
+        homes = [HBM, "host"] + ([AUTO] if kind is not TensorKind.INPUT else [])
+        tensors.append(Tensor(f"p{k}", int(rng.integers(1, 40)) * mb, kind, home=homes[int(rng.integers(len(homes)))]))
+        avail.append(f"p{k}")
+    updatable = [t.name for t in tensors if t.persistent]
+    ops = []
+    backbone: str | None = None
+    for i in range(n_ops):
+        inputs = list(rng.choice(avail, size=min(len(avail), int(rng.integers(1, 3))), replace=False))
+        if backbone is not None and backbone not in inputs:
+            inputs.append(backbone)
+        updates = [str(rng.choice(updatable))] if updatable and rng.random() < 0.2 else []
+        updates = [t for t in updates if t not in inputs]
+        outputs = [f"t{i}_{j}" for j in range(int(rng.integers(0 if updates else 1, 3)))]
+        tensors += [Tensor(t, int(rng.integers(1, 40)) * mb) for t in outputs]
+        backbone = outputs[0] if outputs else backbone
+        ops.append(Op(f"op{i}", "F", tuple(str(x) for x in inputs), tuple(outputs), tuple(updates),
+                      duration_s=int(rng.integers(10, 500)) * us))
+        avail += outputs
+    return Graph.build(name, tensors, ops)
+
+
+def _cut(graph: Graph, n_ops: int, name: str, scale: float = 1e-3) -> Graph:
+    """The first ``n_ops`` ops of ``graph`` (graph order) and the tensors they use, sizes times ``scale`` (in
+    whole kilobytes) and durations (on ascend-910c) in whole microseconds."""
+    from planner.cost import op_durations_ns
+
+    ops = graph.ops[:n_ops]
+    used = {t for op in ops for t in op.inputs + op.outputs + op.updates}
+    dur = op_durations_ns(graph, api.hardware("ascend-910c"))
+    tensors = [replace(t, bytes=max(1, round(t.bytes * scale / 1000)) * 1000, shape=None, dtype=None)
+               for n, t in graph.tensors.items() if n in used]
+    ops = [replace(op, duration_s=max(1, round(dur[op.name] / 1000)) * 1e-6) for op in ops]
+    return Graph.build(name, tensors, ops)
+
+
+def true_gaps(rows: list[dict]) -> list[dict]:
+    """Per case, budget and planner: makespan over the exact planner's proven optimum, minus one."""
+    optimum = {(r["graph"], r["budget_fraction"], r.get("hardware")): r.get("optimum_us")
+               for r in rows if r["planner"] == "exact" and r.get("optimum_us")}
+    out = []
+    for r in rows:
+        opt = optimum.get((r["graph"], r["budget_fraction"], r.get("hardware")))
+        if opt and r.get("valid") and r["planner"] != "exact":
+            out.append({"graph": r["graph"], "budget_fraction": r["budget_fraction"], "planner": r["planner"],
+                        "optimum_us": opt, "makespan_us": r["makespan_us"], "gap": r["makespan_us"] / opt - 1})
+    return out
 
 
 def fullsize_graph(workload: str = "deepseek-v3-nsa-64k") -> Graph:
@@ -93,6 +191,9 @@ def suite(names: Iterable[str] = ("paper", "checkmate", "generated"), quick: boo
     if "generated" in names:
         for n in GENERATED_OPS:
             cases.append(Case(f"generated-{n // 1000}k", "generated", lambda n=n: generated_graph(n)))
+    if "small" in names:
+        for g in small_graphs():
+            cases.append(Case(g.name, "small", lambda g=g: g, overrides=SMALL_LINKS))
     if "onnx" in names:
         for path in sorted((ROOT / "tests" / "fixtures" / "onnx").glob("*.onnx")):
             cases.append(Case(path.stem, "onnx", lambda p=path: api.load_graph(p, dims={"batch": 2, "sequence": 16})))
@@ -131,17 +232,18 @@ def run_case(case: Case, fractions=FRACTIONS, planners=("greedy", "cpsat"), time
     from planner.planners import PLANNERS
 
     graph = case.load()
-    base_hw = api.hardware(case.preset)
+    base_hw = api.hardware(case.preset, **case.overrides)
     ref = api.no_offload_reference(graph, base_hw)
     peak = ref.metrics.peak_bytes[HBM]
     # Inference graphs: prefill and decode latency, against the no-offload plan's.
     gen = graph.metadata.get("generator", "")
     decode_steps = (graph.metadata.get("options") or {}).get("decode_steps", 1)
-    ref_phases = phase_latencies(plan_none(graph, api.hardware(case.preset, hbm="1PB")), ref, decode_steps) \
+    ref_phases = phase_latencies(plan_none(graph, api.hardware(case.preset, **{**case.overrides, "hbm": "1PB"})),
+                                 ref, decode_steps) \
         if gen.endswith("long_context_inference") else None
     rows = []
     for frac in fractions:
-        hw = api.hardware(case.preset, hbm=str(int(peak * frac)))
+        hw = api.hardware(case.preset, **{**case.overrides, "hbm": str(int(peak * frac))})
         try:
             lb = bounds.makespan_bound(graph, hw)
         except Exception:  # noqa: BLE001
@@ -164,6 +266,8 @@ def run_case(case: Case, fractions=FRACTIONS, planners=("greedy", "cpsat"), time
                 label = "greedy-sweep"
             if name == "cpsat":
                 options = {"time_limit": time_limit, "seed": seed, "workers": workers}
+            if name == "exact":
+                options = {"time_limit": time_limit}
             t = time.monotonic()
             try:
                 plan = PLANNERS[label](graph, hw, **options)
@@ -185,6 +289,9 @@ def run_case(case: Case, fractions=FRACTIONS, planners=("greedy", "cpsat"), time
             if ref_phases is not None:
                 row["no_offload_phases_us"] = ref_phases
                 row["phases_us"] = phase_latencies(plan, tl, decode_steps)
+            ex = plan.stats.get("exact") if isinstance(plan.stats, dict) else None
+            if ex and ex.get("optimum_ns") is not None:
+                row["optimum_us"] = ex["optimum_ns"] / 1000
             st = plan.stats.get("cpsat") if isinstance(plan.stats, dict) else None
             if st:
                 row["cpsat"] = {k: st.get(k) for k in (
@@ -279,4 +386,4 @@ def run_scale(workdir: Path, hbm: str = SCALE_HBM, layers: int | None = None, re
 
 
 __all__ = ["Case", "FRACTIONS", "SCALE_GRAPHS", "SCALE_HBM", "suite", "run_case", "run_scale", "generated_graph",
-           "compare"]
+           "compare", "small_graphs", "true_gaps"]

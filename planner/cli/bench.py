@@ -31,7 +31,8 @@ Examples:
 @main.command("bench", epilog=BENCH_EXAMPLES)
 @click.option("--suite", "suites", default="paper,checkmate,generated", show_default=True,
               help="Comma-separated: paper (graphs/), checkmate (../shared/graphs/checkmate), generated, onnx "
-                   "(tests/fixtures/onnx), fullsize (DeepSeek-V3 + NSA 64k, 61 layers, on two presets: slow); or "
+                   "(tests/fixtures/onnx), small (up to 12 ops, with --planners ...,exact), fullsize "
+                   "(DeepSeek-V3 + NSA 64k, 61 layers, on two presets: slow); or "
                    "scale (greedy and executor speed on the DeepSeek-V3 + NSA 64k and 128k graphs, see --scale-*).")
 @click.option("--quick", is_flag=True, help="Only transformer_block, DeepSeek-V3+NSA 64k and the 1k generated graph.")
 @click.option("--only", "only", multiple=True, help="Keep the graphs whose name contains this (repeatable).")
@@ -98,6 +99,13 @@ def bench_cmd(suites, quick, only, budgets, planners, time_limit, seed, workers,
                            f"(no offload {ref['decode_us_per_step'] / 1000:.2f}); weights start "
                            + ", ".join(f"{format_bytes(b)} {tier}" for tier, b in
                                        (r.get("start_placement") or {}).get("weight", {}).items()))
+        gaps = bench.true_gaps(rows)
+        if gaps:
+            click.echo("true gap to the exact optimum (planner/planners/exact.py):")
+            for name in dict.fromkeys(g["planner"] for g in gaps):
+                mine = sorted(g["gap"] for g in gaps if g["planner"] == name)
+                click.echo(f"  {name}: median {mine[len(mine) // 2]:+.2%}, max {mine[-1]:+.2%}, optimal on "
+                           f"{sum(1 for g in mine if g <= 1e-9)} of {len(mine)} cases")
         cmp = bench.compare(rows)
         if cmp:
             better = sum(1 for c in cmp if c["change"] < -1e-9)

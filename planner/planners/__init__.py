@@ -10,6 +10,7 @@ from planner.graph import Graph
 from planner.hardware import Hardware
 from planner.plan import Plan
 from planner.planners.cpsat import plan_cpsat
+from planner.planners.exact import plan_exact
 from planner.planners.greedy import plan_greedy
 from planner.planners.greedy_sweep import plan_greedy_sweep
 from planner.planners.none import plan_none
@@ -23,6 +24,7 @@ PLANNERS: dict[str, PlannerFn] = {
     "greedy": plan_greedy,
     "greedy-sweep": plan_greedy_sweep,
     "cpsat": plan_cpsat,
+    "exact": plan_exact,
 }
 
 

@@ -1,0 +1,170 @@
+"""``exact``: a proven-optimal reference for small graphs, to measure how far the other planners are from the best.
+
+For every topological order of the graph (``networkx.all_topological_sorts``), the CP-SAT model of the cpsat
+planner (``planner/planners/cpsat``) is built with every gap of every tensor a candidate, at full precision (a
+tick is the greatest common divisor of every op and transfer duration, a memory unit that of every size, so
+nothing is rounded), and solved to optimality. The order whose optimum is lowest wins; its solution is decoded
+into a program and checked by the executor, like every plan.
+
+What "optimal" covers: the plans of the model's space, over every order, every set of offloaded gaps (every
+stretch between two uses of a tensor, before its first use, after its last, the starting tier of every tensor the
+graph leaves free) and every timing of the transfers on the links: one Store per version of a tensor, one remote
+tier per tensor, each Detach as early as its users and Store allow (later only holds HBM longer). A program
+outside that space (the same version stored twice, a tensor spread over two remote tiers) is not searched; no
+planner of this project makes one that would be faster. When every order's model is solved to optimality the
+plan's status is ``optimal``; when the time limit stops one first, ``feasible`` (the best found, not proven).
+
+Only for graphs of up to ``MAX_OPS`` ops: the number of orders and of candidate gaps grows fast.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import replace
+
+import networkx as nx
+
+from planner.cost import op_durations_ns, transfer_duration_ns
+from planner.errors import InputError
+from planner.executor import simulate
+from planner.graph import Graph
+from planner.hardware import HBM, Hardware
+from planner.placement import plan_placement
+from planner.plan import Plan, ProgramBuilder
+from planner.planners.cpsat import worker
+from planner.planners.cpsat.data import Scale, build_problem, canonical
+from planner.planners.cpsat.decode import plan_from_assignment
+from planner.planners.cpsat.hint import assignment_from_plan, tick_times
+from planner.planners.cpsat.model import Model, whole_frame
+
+MAX_OPS = 12
+MAX_ORDERS = 5000
+
+
+def plan_exact(graph: Graph, hw: Hardware, time_limit: float = 60.0, max_orders: int = MAX_ORDERS) -> Plan:
+    """Return the optimal plan (see the module doc) within ``time_limit`` seconds, or the best found then.
+
+    Raises InputError for a graph of more than ``MAX_OPS`` ops or with more than ``max_orders`` orders.
+    """
+    if len(graph.ops) > MAX_OPS:
+        raise InputError("command line", "--planner", f"exact handles graphs of up to {MAX_OPS} ops; this one has "
+                         f"{len(graph.ops)}")
+    orders = list(itertools.islice(nx.all_topological_sorts(graph.dag), int(max_orders) + 1))
+    if len(orders) > max_orders:
+        raise InputError("command line", "--planner", f"exact: the graph has more than {max_orders} orders")
+    index = graph.op_index
+    orders.sort(key=lambda o: [index[n] for n in o])  # the graph's own order first; deterministic
+    t0 = time.monotonic()
+    best: tuple[int, Plan] | None = None  # (executed makespan, plan)
+    optimum: int | None = None  # the lowest model optimum over the orders
+    proven = True
+    solved = 0
+    for order in orders:
+        left = time_limit - (time.monotonic() - t0)
+        if left <= 0.05:
+            proven = False
+            break
+        result = _solve_order(graph, hw, order, left)
+        if result is None:
+            proven = False
+            continue
+        optimal, objective, plan, executed = result
+        solved += 1
+        proven = proven and optimal
+        optimum = objective if optimum is None else min(optimum, objective)
+        if plan is not None and (best is None or executed < best[0]):
+            best = (executed, plan)
+    proven = proven and optimum is not None
+    stats = {"exact": {"orders": len(orders), "orders_solved": solved, "proven": proven,
+                       "optimum_ns": optimum if proven else None, "best_found_ns": None if best is None else best[0]}}
+    options = {"time_limit": float(time_limit)}
+    if best is None:
+        return Plan(graph.name, (), "exact", options, "infeasible",
+                    ("no order gave a plan the executor accepts within the time limit",), stats)
+    if not proven:
+        status, note = "feasible", ("the time limit stopped the search before every order was proven optimal: the "
+                                    "best plan found, not proven")
+    elif best[0] <= optimum:
+        status, note = "optimal", ("optimal over every order and every plan of the model's space "
+                                   "(planner/planners/exact.py)")
+    else:
+        # The decoded program runs a little later than the model's times (rounding of waits): the optimum is
+        # proven, this plan is within best - optimum of it.
+        status, note = "feasible", (f"the optimum is {optimum} ns (proven); the decoded plan runs {best[0] - optimum} "
+                                    "ns later in the executor")
+    return replace(best[1], planner="exact", options=options, status=status, notes=(note,), stats=stats)
+
+
+def _solve_order(graph: Graph, hw: Hardware, order: list[str], wall_s: float
+                 ) -> tuple[bool, int, Plan | None, int] | None:
+    """(proven optimal, model makespan in ns, decoded plan or None when invalid, its executed makespan) for one
+    order; None if no solution was found in time."""
+    base = _no_offload_in_order(graph, hw, order)
+    scale = exact_scale(graph, hw)
+    every_gap = {(name, nb) for name in graph.tensors for nb in range(len(graph.users[name]) + 1)}
+    p = build_problem(graph, hw, order, scale, horizon=1, must=every_gap, gap_fraction=0.0, min_tensor_fraction=0.0)
+    ticks = tick_times(p, base)
+    # A horizon every plan of the space fits in: every op and every candidate transfer one after another.
+    serial = sum(o.dur for o in p.ops) + sum(max(g.fetch.values(), default=0) for g in p.gaps) + sum(
+        max(s.store.values(), default=0) for s in p.slots)
+    p.horizon = max(max((e for _s, e in ticks), default=1), serial)
+    asg, _notes = assignment_from_plan(p, base, ticks)
+    canonical(p, asg)
+    model = Model(p, whole_frame(p, asg))
+    model.add_hints()
+    params = {"num_workers": 1, "random_seed": 0, "max_time_in_seconds": wall_s,
+              "keep_all_feasible_solutions_in_presolve": True}
+    res = worker.solve(model.m, params, wall_s)
+    if not res.has_solution:
+        return None
+    # The last solution is the optimum; earlier ones may decode to a program that runs as fast (decoding may add a
+    # nanosecond of waiting), so the fastest valid decoded program is kept.
+    best: tuple[int, Plan] | None = None
+    for values in [res.values] + [v for _obj, v in reversed(res.history) if v is not res.values]:
+        plan = plan_from_assignment(p, model.read(values), planner="exact")
+        timeline = simulate(graph, hw, plan)
+        if timeline.valid and (best is None or timeline.metrics.makespan_ns < best[0]):
+            best = (timeline.metrics.makespan_ns, plan)
+    makespan = int(res.values[model.M.index]) * p.scale.tick_ns
+    if best is None:
+        return res.status == "OPTIMAL", makespan, None, 0
+    return res.status == "OPTIMAL", makespan, best[1], best[0]
+
+
+def exact_scale(graph: Graph, hw: Hardware) -> Scale:
+    """The coarsest scale that rounds nothing: the tick divides every op duration and every transfer of every
+    tensor on every link; the unit divides every size."""
+    tick = 0
+    for ns in op_durations_ns(graph, hw).values():
+        tick = math.gcd(tick, int(ns))
+    for t in graph.tensors.values():
+        for link in hw.links:
+            tick = math.gcd(tick, transfer_duration_ns(t.bytes, link))
+    unit = 0
+    for s in [t.bytes for t in graph.tensors.values()] + [op.workspace_bytes for op in graph.ops]:
+        unit = math.gcd(unit, int(s))
+    return Scale(max(1, tick), max(1, unit))
+
+
+def _no_offload_in_order(graph: Graph, hw: Hardware, order: list[str]) -> Plan:
+    """The no-offload program in ``order`` (free tensors on HBM): the hint, which may not fit the budget."""
+    placement = plan_placement(graph)
+    pb = ProgramBuilder()
+    fetched: dict[str, int] = {}
+    for name in order:
+        for t in graph.op(name).reads:
+            tier = placement.get(t, HBM)
+            if tier != HBM and t not in fetched:
+                fetched[t] = pb.prefetch(t, hw.fetch_link(tier).name)
+    last_update = {t: name for name in order for t in graph.op(name).updates}
+    for name in order:
+        op = graph.op(name)
+        step = pb.compute(name, waits=[fetched[t] for t in op.reads if t in fetched])
+        for t in sorted(t for t, n in last_update.items() if n == name and placement.get(t, HBM) != HBM):
+            pb.store(t, hw.store_link(placement[t]).name, waits=[step])
+    return pb.build(graph.name, "exact", placement=placement)
+
+
+__all__ = ["MAX_OPS", "plan_exact"]
