@@ -595,18 +595,20 @@ class Model:
                     if _const(lit) and lit == 0:
                         continue
                     hint = max(users_end, inc.S[gap.slot] + sl.store[r])
-                    xr = self._max(ends + [S + sl.store[r]], f"Xr{g}_{r}", hint)
+                    # A Store that is not made may still sit late (its writer's end): leave room past the horizon.
+                    xr = self._max(ends + [S + sl.store[r]], f"Xr{g}_{r}", hint, hi=self.p.horizon + sl.store[r])
                     self.eq(X, xr, [lit] + unless)
 
-    def _max(self, exprs: list, name: str, hint: int):
-        """A term equal to the largest of ``exprs`` (a constant or single expression when it can be)."""
+    def _max(self, exprs: list, name: str, hint: int, hi: int | None = None):
+        """A term equal to the largest of ``exprs`` (a constant or single expression when it can be), at most
+        ``hi`` (default the horizon)."""
         var = [e for e in exprs if not _const(e)]
         const = [e for e in exprs if _const(e)]
         if not var:
             return max(const)
         if len(var) == 1 and not const:
             return var[0]
-        v = self._int(0, self.p.horizon, name, hint)
+        v = self._int(0, self.p.horizon if hi is None else hi, name, hint)
         self.m.add_max_equality(v, var + ([max(const)] if const else []))
         return v
 
