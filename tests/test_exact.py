@@ -4,13 +4,13 @@ and no planner beats."""
 from __future__ import annotations
 
 import pytest
-from conftest import GRAPHS, simple_hardware
-from hypothesis import HealthCheck, given, settings
+from conftest import GRAPHS
+from hypothesis import given
 from hypothesis import strategies as st
-from test_properties import budgeted, graphs, no_offload_peak
+from test_properties import SMALL_PROPERTY, at_fraction, graphs
 
 from planner import api, bench
-from planner.bounds import initial_hbm_bytes, largest_working_set, makespan_bounds
+from planner.bounds import makespan_bounds
 from planner.errors import InputError
 from planner.executor import simulate
 from planner.hardware import HBM
@@ -56,13 +56,11 @@ def test_exact_refuses_large_graphs():
         plan_exact(g, api.hardware("ascend-910c", hbm="1GB"))
 
 
-@settings(max_examples=15, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@SMALL_PROPERTY
 @given(graphs(max_ops=5), st.floats(0.5, 1.0))
 def test_bounds_and_planners_never_cross_a_proven_optimum(g, fraction):
-    hw = simple_hardware()
-    hw = budgeted(hw, max(1, int(no_offload_peak(g, hw) * fraction)))
-    if hw.hbm_bytes < max(largest_working_set(g)[0], initial_hbm_bytes(g)):
+    hw = at_fraction(g, fraction)
+    if hw is None:
         return  # below the floor: no plan exists
     plan = plan_exact(g, hw, time_limit=10)
     optimum = plan.stats["exact"]["optimum_ns"]

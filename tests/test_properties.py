@@ -68,6 +68,18 @@ def budgeted(hw: Hardware, budget: int) -> Hardware:
     return replace(hw, tiers=tuple(Tier(t.name, budget) if t.name == HBM else t for t in hw.tiers))
 
 
+SMALL_PROPERTY = settings(max_examples=12, deadline=None, derandomize=True,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def at_fraction(g: Graph, fraction: float) -> Hardware | None:
+    """``simple_hardware`` with an HBM budget of ``fraction`` of the no-offload peak; None below the HBM floor
+    (api.plan refuses such a budget before any planner runs)."""
+    hw = simple_hardware()
+    hw = budgeted(hw, max(1, int(no_offload_peak(g, hw) * fraction)))
+    return None if hw.hbm_bytes < max(largest_working_set(g)[0], initial_hbm_bytes(g)) else hw
+
+
 def no_offload_peak(g: Graph, hw: Hardware) -> int:
     big = budgeted(hw, 10**12)
     return simulate(g, big, plan_none(g, big)).metrics.peak_bytes[HBM]
@@ -150,17 +162,15 @@ def test_greedy_settings_never_break_validity(g, select_distance, select_num, pr
     assert tl.valid and plan.status == "feasible", ([v.describe() for v in tl.violations[:5]], plan.notes)
 
 
-@settings(max_examples=12, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@SMALL_PROPERTY
 @given(graphs(max_ops=6), st.floats(0.4, 1.1))
 def test_cpsat_plans_with_random_pins_and_free_homes_restore_the_placement(g, fraction):
     # The model decides the tiers of the free tensors; whatever it returns must validate and restore them.
     from planner.planners.cpsat import plan_cpsat
 
-    hw = simple_hardware()
-    hw = budgeted(hw, max(1, int(no_offload_peak(g, hw) * fraction)))
-    if hw.hbm_bytes < max(largest_working_set(g)[0], initial_hbm_bytes(g)):
-        return  # below the floor: api.plan refuses it before any planner runs
+    hw = at_fraction(g, fraction)
+    if hw is None:
+        return
     plan = plan_cpsat(g, hw, time_limit=3, workers=1)
     tl = simulate(g, hw, plan)
     if tl.valid:

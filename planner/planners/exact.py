@@ -30,14 +30,14 @@ from planner.cost import op_durations_ns, transfer_duration_ns
 from planner.errors import InputError
 from planner.executor import simulate
 from planner.graph import Graph
-from planner.hardware import HBM, Hardware
-from planner.placement import plan_placement
-from planner.plan import Plan, ProgramBuilder
+from planner.hardware import Hardware
+from planner.plan import Plan
 from planner.planners.cpsat import worker
 from planner.planners.cpsat.data import Scale, build_problem, canonical
 from planner.planners.cpsat.decode import plan_from_assignment
 from planner.planners.cpsat.hint import assignment_from_plan, tick_times
 from planner.planners.cpsat.model import Model, whole_frame
+from planner.planners.none import no_offload_program
 
 MAX_OPS = 12
 MAX_ORDERS = 5000
@@ -101,7 +101,7 @@ def _solve_order(graph: Graph, hw: Hardware, order: list[str], wall_s: float
                  ) -> tuple[bool, int, Plan | None, int] | None:
     """(proven optimal, model makespan in ns, decoded plan or None when invalid, its executed makespan) for one
     order; None if no solution was found in time."""
-    base = _no_offload_in_order(graph, hw, order)
+    base = no_offload_program(graph, hw, order, planner="exact")  # the hint; it may not fit the budget
     scale = exact_scale(graph, hw)
     every_gap = {(name, nb) for name in graph.tensors for nb in range(len(graph.users[name]) + 1)}
     p = build_problem(graph, hw, order, scale, horizon=1, must=every_gap, gap_fraction=0.0, min_tensor_fraction=0.0)
@@ -146,25 +146,6 @@ def exact_scale(graph: Graph, hw: Hardware) -> Scale:
     for s in [t.bytes for t in graph.tensors.values()] + [op.workspace_bytes for op in graph.ops]:
         unit = math.gcd(unit, int(s))
     return Scale(max(1, tick), max(1, unit))
-
-
-def _no_offload_in_order(graph: Graph, hw: Hardware, order: list[str]) -> Plan:
-    """The no-offload program in ``order`` (free tensors on HBM): the hint, which may not fit the budget."""
-    placement = plan_placement(graph)
-    pb = ProgramBuilder()
-    fetched: dict[str, int] = {}
-    for name in order:
-        for t in graph.op(name).reads:
-            tier = placement.get(t, HBM)
-            if tier != HBM and t not in fetched:
-                fetched[t] = pb.prefetch(t, hw.fetch_link(tier).name)
-    last_update = {t: name for name in order for t in graph.op(name).updates}
-    for name in order:
-        op = graph.op(name)
-        step = pb.compute(name, waits=[fetched[t] for t in op.reads if t in fetched])
-        for t in sorted(t for t, n in last_update.items() if n == name and placement.get(t, HBM) != HBM):
-            pb.store(t, hw.store_link(placement[t]).name, waits=[step])
-    return pb.build(graph.name, "exact", placement=placement)
 
 
 __all__ = ["MAX_OPS", "plan_exact"]

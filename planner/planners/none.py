@@ -19,28 +19,9 @@ def plan_none(graph: Graph, hw: Hardware, order: str = "auto") -> Plan:
 
     ``order``: ``auto`` (the lower-peak of the graph's order and a memory-aware one) or ``graph``.
     """
-    placement = plan_placement(graph)
-    placed = with_placement(graph, placement)
+    placed = with_placement(graph, plan_placement(graph))
     names = best_no_offload_order(placed) if order == "auto" else graph_order(placed)
-    pb = ProgramBuilder()
-    fetched: dict[str, int] = {}
-    # Every fetch is issued at the start, in the order the ops first need them.
-    for name in names:
-        for t in placed.op(name).reads:
-            tier = placement.get(t, HBM)
-            if tier != HBM and t not in fetched:
-                fetched[t] = pb.prefetch(t, hw.fetch_link(tier).name)
-    last_update = {t: name for name in names for t in placed.op(name).updates}
-    store_after: dict[str, list[str]] = {}
-    for t, name in last_update.items():
-        if placement.get(t, HBM) != HBM:
-            store_after.setdefault(name, []).append(t)
-    for name in names:
-        op = placed.op(name)
-        step = pb.compute(name, waits=[fetched[t] for t in op.reads if t in fetched])
-        for t in sorted(store_after.get(name, ())):
-            pb.store(t, hw.store_link(placement[t]).name, waits=[step])
-    plan = pb.build(graph.name, "none", options={"order": order}, placement=placement)
+    plan = replace(no_offload_program(graph, hw, names), options={"order": order})
     # None never offloads: when its own peak is over the budget, no plan of this planner fits. Say so.
     peak = simulate(graph, hw, plan, allocator=False).metrics.peak_bytes.get(HBM, 0)
     if peak > hw.hbm_bytes:
@@ -49,3 +30,23 @@ def plan_none(graph: Graph, hw: Hardware, order: str = "auto") -> Plan:
             "(every tensor whose tier it may choose starts on HBM)",
         ))
     return plan
+
+
+def no_offload_program(graph: Graph, hw: Hardware, names: list[str], planner: str = "none") -> Plan:
+    """The no-offload program in the compute order ``names``: every tensor pinned remote is fetched at the start,
+    in the order the ops first need it, and stored back after its last update; free tensors start on HBM."""
+    placement = plan_placement(graph)
+    pb = ProgramBuilder()
+    fetched: dict[str, int] = {}
+    for name in names:
+        for t in graph.op(name).reads:
+            tier = placement.get(t, HBM)
+            if tier != HBM and t not in fetched:
+                fetched[t] = pb.prefetch(t, hw.fetch_link(tier).name)
+    last_update = {t: name for name in names for t in graph.op(name).updates}
+    for name in names:
+        op = graph.op(name)
+        step = pb.compute(name, waits=[fetched[t] for t in op.reads if t in fetched])
+        for t in sorted(t for t in op.updates if last_update[t] == name and placement.get(t, HBM) != HBM):
+            pb.store(t, hw.store_link(placement[t]).name, waits=[step])
+    return pb.build(graph.name, planner, placement=placement)
