@@ -16,8 +16,8 @@ use of a tensor that starts on HBM (``head``), after the last use of a tensor th
 it (``n`` for none). A tensor that starts on a remote tier has a mandatory gap before its first use.
 
 Steps repeat (planner/placement.py), so a tensor that outlives the step ends it where it started: one pinned to
-HBM has no tail gap, and one pinned remote and updated in place has a mandatory tail gap whose Store goes to its
-own tier. A tensor whose tier the planner chooses has a *wrap-around gap*: from its last use in one step to its
+HBM may leave after its last use only to come back before the step ends (a *back* gap: Store, Detach, Prefetch),
+and one pinned remote and updated in place has a mandatory tail gap whose Store goes to its own tier. A tensor whose tier the planner chooses has a *wrap-around gap*: from its last use in one step to its
 first use in the next, i.e. a head part (off HBM until its first use: it starts remote, nothing to store) and a
 tail part (off HBM after its last use: stored back when updated). The two parts are one candidate, selected
 together; selecting it places the tensor on the fastest remote tier, leaving it places it on HBM.
