@@ -61,7 +61,7 @@ def with_placement(graph: Graph, placement: Mapping[str, str]) -> Graph:
 def _rehomed(graph: Graph, out: Graph) -> Graph:
     """``out`` (``graph`` with other homes) with the derived views that do not depend on homes carried over:
     they cost seconds on graphs of 30k ops."""
-    for key in ("op_index", "producer", "users", "dag"):
+    for key in ("op_index", "producer", "users", "dag", "home_free"):
         if key in graph.__dict__:
             out.__dict__[key] = graph.__dict__[key]
     return out

@@ -19,6 +19,20 @@ def plan_none(graph: Graph, hw: Hardware, order: str = "auto") -> Plan:
 
     ``order``: ``auto`` (the lower-peak of the graph's order and a memory-aware one) or ``graph``.
     """
+    plan = program_none(graph, hw, order)
+    # None never offloads: when its own peak is over the budget, no plan of this planner fits. Say so.
+    peak = simulate(graph, hw, plan, allocator=False).metrics.peak_bytes.get(HBM, 0)
+    if peak > hw.hbm_bytes:
+        return replace(plan, status="infeasible", notes=(
+            f"the no-offload peak is {peak} B, over the HBM budget of {hw.hbm_bytes} B; none never offloads "
+            "(every tensor whose tier it may choose starts on HBM)",
+        ))
+    return plan
+
+
+def program_none(graph: Graph, hw: Hardware, order: str = "auto") -> Plan:
+    """``plan_none``'s program without the check of its peak against the budget (which runs the executor): for
+    callers that run it anyway, or whose HBM is unbounded."""
     placement = plan_placement(graph)
     placed = with_placement(graph, placement)
     names = best_no_offload_order(placed) if order == "auto" else graph_order(placed)
@@ -40,12 +54,4 @@ def plan_none(graph: Graph, hw: Hardware, order: str = "auto") -> Plan:
         step = pb.compute(name, waits=[fetched[t] for t in op.reads if t in fetched])
         for t in sorted(store_after.get(name, ())):
             pb.store(t, hw.store_link(placement[t]).name, waits=[step])
-    plan = pb.build(graph.name, "none", options={"order": order}, placement=placement)
-    # None never offloads: when its own peak is over the budget, no plan of this planner fits. Say so.
-    peak = simulate(graph, hw, plan, allocator=False).metrics.peak_bytes.get(HBM, 0)
-    if peak > hw.hbm_bytes:
-        return replace(plan, status="infeasible", notes=(
-            f"the no-offload peak is {peak} B, over the HBM budget of {hw.hbm_bytes} B; none never offloads "
-            "(every tensor whose tier it may choose starts on HBM)",
-        ))
-    return plan
+    return pb.build(graph.name, "none", options={"order": order}, placement=placement)
