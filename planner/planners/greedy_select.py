@@ -239,6 +239,10 @@ class Context:
         return store + (self.fetch_ns(gap.bytes) if self.fetches(gap) else 0)
 
 
+# Slots summed first when booking a transfer on the link calendar (then 4x more at a time).
+TAKE_CHUNK = 64
+
+
 class LinkCalendar:
     """How much transfer time each link has left in each op's time slot (the op's duration x channels).
 
@@ -289,17 +293,28 @@ class LinkCalendar:
 
     @staticmethod
     def _take(free: np.ndarray, need: int) -> None:
-        """Use ``need`` ns of ``free`` (a view), first slots first."""
+        """Use ``need`` ns of ``free`` (a view), first slots first.
+
+        The slots are summed a chunk at a time (growing), not all at once: a gap can span most of the graph while
+        its transfer fits in its first few slots, and summing every slot of every such gap was a large share of
+        greedy's time on 30k-op graphs. The result is the same.
+        """
         if need <= 0 or len(free) == 0:
             return
-        c = np.cumsum(free)
-        k = int(np.searchsorted(c, need))
-        if k >= len(free):
-            free[:] = 0
-            return
-        left = int(c[k]) - need
-        free[:k] = 0
-        free[k] = left
+        n = len(free)
+        start, chunk = 0, TAKE_CHUNK
+        while start < n:
+            part = free[start:start + chunk]
+            c = np.cumsum(part)
+            k = int(np.searchsorted(c, need))
+            if k < len(part):
+                part[:k] = 0
+                part[k] = int(c[k]) - need
+                return
+            need -= int(c[-1])
+            part[:] = 0
+            start += chunk
+            chunk *= 4
 
 
 def _cover(L: np.ndarray, lo: int, hi: int, b: int) -> None:
