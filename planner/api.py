@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import inspect
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.bounds import hbm_floor, largest_working_set
 from planner.errors import InfeasibleBudget, InputError
 from planner.executor import simulate
 from planner.formats import load_graph
 from planner.graph import Graph
-from planner.hardware import HBM, Hardware, preset, with_overrides
+from planner.hardware import HBM, Hardware, Tier, preset, with_overrides
 from planner.plan import Plan
-from planner.planners import get_planner
-from planner.planners.none import plan_none
+from planner.planners import get_planner, get_timed_planner
+from planner.planners.none import program_none
 from planner.timeline import Timeline
 
 __all__ = [
@@ -63,13 +63,14 @@ def check_compatible(graph: Graph, hw: Hardware, source: str = "<graph>") -> Non
 
 
 def no_offload_reference(graph: Graph, hw: Hardware) -> Timeline:
-    """The no-offload plan's timeline on ``hw`` with unbounded HBM: the makespan and peak to compare against."""
-    from dataclasses import replace
+    """The no-offload plan's timeline on ``hw`` with unbounded HBM: the makespan and peak to compare against
+    (and the caching allocator's high-water mark, ``offset_height_bytes``: the HBM it needs with fragmentation).
 
-    from planner.hardware import Tier
-
+    The program without ``plan_none``'s check against the budget, which would run the executor once more for
+    nothing: the HBM is unbounded.
+    """
     big = replace(hw, tiers=tuple(Tier(t.name, 2**62) if t.name == HBM else t for t in hw.tiers))
-    return simulate(graph, big, plan_none(graph, big))
+    return simulate(graph, big, program_none(graph, big))
 
 
 def check_options(fn, name: str, options: dict) -> None:
@@ -84,8 +85,13 @@ def check_options(fn, name: str, options: dict) -> None:
                              f"planner {name!r} takes no option {key!r} (it takes: {', '.join(takes) or 'none'})")
 
 
-def plan(graph: Graph, hw: Hardware, planner: str = "none", source: str = "<graph>", **options) -> Result:
+def plan(graph: Graph, hw: Hardware, planner: str = "none", source: str = "<graph>",
+         reference: Timeline | None = None, **options) -> Result:
     """Plan ``graph`` on ``hw`` with the named planner, run the plan in the executor, and return the Result.
+
+    Planners that ran the executor on their plan already hand over that timeline (``get_timed_planner``), which
+    is used as is. ``reference``: ``no_offload_reference(graph, hw)`` when the caller computed it already (the CLI
+    does, before planning, so that a time limit can count it).
 
     Raises InfeasibleBudget when the HBM budget is below ``planner.bounds.hbm_floor`` (the largest single-op
     working set, or the bytes that start on HBM and are still needed), and InputError for an option the planner
@@ -97,7 +103,14 @@ def plan(graph: Graph, hw: Hardware, planner: str = "none", source: str = "<grap
     minimum, reason = hbm_floor(graph)
     if hw.hbm_bytes < minimum:
         raise InfeasibleBudget(hw.hbm_bytes, minimum, reason)
+    timed = get_timed_planner(planner)
     t0 = time.perf_counter()
-    p = fn(graph, hw, **options)
-    runtime = time.perf_counter() - t0
-    return Result(p, simulate(graph, hw, p), runtime, no_offload_reference(graph, hw))
+    if timed is not None:
+        out = timed(graph, hw, **options)
+        p, timeline = out.plan, out.timeline
+        runtime = time.perf_counter() - t0
+    else:
+        p = fn(graph, hw, **options)
+        runtime = time.perf_counter() - t0
+        timeline = simulate(graph, hw, p)
+    return Result(p, timeline, runtime, reference if reference is not None else no_offload_reference(graph, hw))

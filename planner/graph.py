@@ -193,6 +193,13 @@ class Graph:
         return tuple(n for n, t in self.tensors.items() if t.home == AUTO and n not in self.producer)
 
     @cached_property
+    def home_free(self) -> dict:
+        """Values other modules derive from the graph that do not depend on tensor homes (the no-offload order:
+        planner/planners/ordering.py), kept here so that each is computed once per graph; graphs that differ
+        from this one only in homes share it (planner/placement.py)."""
+        return {}
+
+    @cached_property
     def dag(self) -> nx.DiGraph:
         """Op dependency DAG (read-after-write, and write-after-read for in-place updates)."""
         return _dependency_dag(list(self.ops), self.producer)

@@ -13,7 +13,7 @@ from test_executor import offload_plan, skip_graph
 
 from planner import api
 from planner.allocator import ALLOC, FREE, AllocRecord, CachingAllocator, check_offsets, replay_caching
-from planner.executor import simulate
+from planner.executor import simulate, with_static_offsets
 from planner.offsets import assign_offsets, best_fit_offset, offsets_height
 from planner.schedule import plan_from_dict, schedule_to_dict, validate_schedule
 from planner.timeline import Residency
@@ -150,3 +150,25 @@ def test_caching_counts_defragmentation_where_static_offsets_count_none():
     assert none.allocator == "caching" and none.defrag_events > 0 and none.defrag_ns > 0
     assert greedy.allocator == "static" and greedy.defrag_events == 0
     assert greedy.makespan_ns < none.makespan_ns
+
+
+def test_static_offsets_added_to_a_timed_run_are_the_executors_full_run():
+    """with_static_offsets reuses a run without the allocator model: valid offsets, offsets past the HBM size,
+    and overlapping or missing offsets all give exactly simulate's timeline."""
+    g = api.load_graph(GRAPHS / "transformer_block.json")
+    hw = api.hardware("ascend-910c", hbm="1.6GB")
+    plan = api.plan(g, hw, planner="reactive").plan
+    timed = simulate(g, hw, plan, allocator=False)
+    offs = assign_offsets(timed.residencies)
+    height = offsets_height(timed.residencies, offs)
+    first = next(iter(offs))
+    for case_hw, case_offs in [
+        (api.hardware("ascend-910c", hbm=str(height)), offs),  # fits
+        (api.hardware("ascend-910c", hbm=str(height - 1)), offs),  # one allocation past the top
+        (hw, {k: 0 for k in offs}),  # everything at 0: overlaps
+        (hw, {k: v for k, v in offs.items() if k != first}),  # one missing
+    ]:
+        static = replace(plan, offsets=case_offs)
+        timed_here = simulate(g, case_hw, plan, allocator=False)
+        assert with_static_offsets(g, case_hw, static, timed_here) == simulate(g, case_hw, static)
+    assert not simulate(g, hw, replace(plan, offsets={k: 0 for k in offs})).valid

@@ -13,7 +13,7 @@ from planner.executor import simulate
 from planner.graph import Graph, Op, Tensor, TensorKind
 from planner.hardware import HBM
 from planner.planners import PLANNERS
-from planner.planners.cpsat import plan_cpsat, solve, worker
+from planner.planners.cpsat import plan_cpsat, plan_cpsat_timed, solve, worker
 from planner.planners.cpsat.decode import plan_from_assignment
 from planner.planners.cpsat.hint import check
 from planner.planners.cpsat.model import Model, whole_frame
@@ -316,3 +316,13 @@ def test_the_hint_satisfies_the_model_it_is_built_for(case):
     solver.parameters.num_workers = 1
     solver.parameters.max_time_in_seconds = 30
     assert solver.solve(m.m) in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+
+
+@pytest.mark.parametrize("whole_max_ops", [500, 10])
+def test_the_timeline_cpsat_hands_over_is_the_executors(whole_max_ops):
+    """api.plan uses the timeline plan_cpsat_timed returns instead of simulating again (whole model and LNS)."""
+    g = api.load_graph(GRAPHS / "transformer_block.json")
+    hw = api.hardware("ascend-910c", hbm="1GB")
+    out = plan_cpsat_timed(g, hw, time_limit=3, workers=1, whole_max_ops=whole_max_ops, window_ops=12)
+    assert out.timeline == simulate(g, hw, out.plan)
+    assert out.timeline.valid

@@ -16,7 +16,7 @@ from planner.executor import simulate
 from planner.graph import Graph, Op, Tensor, TensorKind
 from planner.hardware import HBM
 from planner.plan import StepKind
-from planner.planners.greedy import DEFAULTS, plan_greedy
+from planner.planners.greedy import DEFAULTS, plan_greedy, plan_greedy_timed
 from planner.planners.greedy_sweep import grid_points, plan_greedy_sweep
 from planner.planners.reactive import plan_reactive
 
@@ -188,3 +188,15 @@ def test_infeasible_below_the_lower_bound_says_why():
     plan = plan_greedy(g, hw)
     assert plan.status == "infeasible" and op in plan.notes[0] and "no plan can fit" in plan.notes[0]
     assert plan_greedy_sweep(g, hw).status == "infeasible"
+
+
+@pytest.mark.parametrize("offsets", [True, False])
+@pytest.mark.parametrize("path,fraction", [p for p in cases() if p.values[1] in (0.5, 0.75, 0.8, 1.0)])
+def test_the_timeline_greedy_hands_over_is_the_executors(path, fraction, offsets):
+    """api.plan uses the timeline plan_greedy_timed returns instead of simulating again: it must be exactly the
+    executor's, on every path (static offsets at once, after replanning, the caching allocator, no offsets)."""
+    g, name, peak = loaded(path)
+    hw = api.hardware(name, hbm=str(int(peak * fraction)))
+    out = plan_greedy_timed(g, hw, offsets=offsets)
+    assert out.timeline == simulate(g, hw, out.plan)
+    assert out.plan == plan_greedy(g, hw, offsets=offsets)

@@ -25,15 +25,17 @@ It reports ``status="infeasible"`` with a note when no plan can fit: the budget 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 
 from planner.bounds import hbm_floor, initial_hbm_bytes
-from planner.executor import simulate
+from planner.executor import simulate, with_static_offsets
 from planner.graph import Graph
 from planner.hardware import Hardware
 from planner.offsets import assign_offsets, offsets_height
 from planner.placement import plan_placement
 from planner.plan import COMPUTE, Plan, ProgramBuilder
+from planner.planned import Planned
 from planner.planners.greedy_select import Context, Gap, select_gaps
 from planner.planners.none import plan_none
 from planner.planners.ordering import live_bytes
@@ -70,9 +72,24 @@ def plan_greedy(
 ) -> Plan:
     """Return the greedy plan for ``hw``'s HBM budget (see the module doc). ``offsets=False`` leaves HBM
     placement to the executor's caching allocator; ``order`` is ``auto`` or ``graph`` as for ``none``."""
+    return plan_greedy_timed(graph, hw, select_distance, select_num, prefetch_distance, release_distance, order,
+                             offsets).plan
+
+
+def plan_greedy_timed(
+    graph: Graph,
+    hw: Hardware,
+    select_distance: int = DEFAULTS["select_distance"],
+    select_num: int = DEFAULTS["select_num"],
+    prefetch_distance: int = DEFAULTS["prefetch_distance"],
+    release_distance: int = DEFAULTS["release_distance"],
+    order: str = "auto",
+    offsets: bool = True,
+) -> Planned:
+    """``plan_greedy`` with the executor's full timeline of the plan (greedy runs the executor on it anyway)."""
     settings = Settings(int(select_distance), int(select_num), int(prefetch_distance), int(release_distance))
     ctx = Context(graph, hw, order)
-    return plan_with_context(ctx, settings, offsets=_flag(offsets))
+    return planned_with_context(ctx, settings, offsets=_flag(offsets))
 
 
 def _flag(value) -> bool:
@@ -83,41 +100,56 @@ def _flag(value) -> bool:
 
 
 def plan_with_context(ctx: Context, settings: Settings, offsets: bool = True, name: str = "greedy") -> Plan:
-    """Plan with a prepared Context (the sweep shares one across settings).
+    """Plan with a prepared Context (the sweep shares one across settings)."""
+    return planned_with_context(ctx, settings, offsets, name).plan
+
+
+def planned_with_context(ctx: Context, settings: Settings, offsets: bool = True, name: str = "greedy",
+                         deadline: float | None = None) -> Planned:
+    """Plan with a prepared Context; the plan and its full timeline.
 
     When nothing has to leave HBM (the no-offload plan fits the budget) that plan is a candidate too: the
     distance rule may offload for its own sake, and its prefetch timing is an estimate, so the faster of the two
     is returned (the paper's planner would keep its own).
+
+    ``deadline`` (``time.monotonic()``; for callers with a time limit, such as cpsat's starting plan): no replanning
+    for a lower budget when static offsets do not fit starts unless it can end by then, as the first plan took.
     """
-    plan = _plan_offloading(ctx, settings, offsets, name)
+    out = _plan_offloading(ctx, settings, offsets, name, deadline)
+    plan = out.plan
     # A cheap necessary condition first: the no-offload order's live bytes without what starts remote.
     if plan.status != "feasible" or max(live_bytes(ctx.graph, ctx.order, remote_resident=False)) > ctx.hw.hbm_bytes:
-        return plan
+        return out
     nothing = plan_none(ctx.graph, ctx.hw, order=ctx.order_name)
     if nothing.status != "feasible":
-        return plan
-    ours, theirs = simulate(ctx.graph, ctx.hw, plan), simulate(ctx.graph, ctx.hw, nothing)
+        return out
+    ours, theirs = out.timeline, simulate(ctx.graph, ctx.hw, nothing)
     if not theirs.valid or (ours.valid and ours.metrics.makespan_ns <= theirs.metrics.makespan_ns):
-        return plan
-    return replace(nothing, planner=name, options=plan.options, stats=plan.stats, notes=(
+        return out
+    return Planned(replace(nothing, planner=name, options=plan.options, stats=plan.stats, notes=(
         "nothing has to leave HBM at this budget and the no-offload program is faster than the offloading one: "
-        "it is returned",))
+        "it is returned",)), theirs)
 
 
-def _plan_offloading(ctx: Context, settings: Settings, offsets: bool, name: str) -> Plan:
+def _plan_offloading(ctx: Context, settings: Settings, offsets: bool, name: str, deadline: float | None = None
+                     ) -> Planned:
+    t0 = time.monotonic()
     budget = ctx.hw.hbm_bytes
-    if budget < hbm_floor(ctx.graph)[0]:
-        return build_plan(ctx, settings, budget, name)  # infeasible: say why, do not bother the executor
+    g, hw = ctx.graph, ctx.hw
+    floor = hbm_floor(g)[0]
+    if budget < floor:
+        plan = build_plan(ctx, settings, budget, name)  # infeasible: say why
+        return Planned(plan, simulate(g, hw, plan))
     plan, timeline = _plan_checked(ctx, settings, budget, name)
     if not offsets or plan.status != "feasible" or not timeline.valid:
-        return plan
+        return Planned(plan, simulate(g, hw, plan))
     first = plan
-    floor = hbm_floor(ctx.graph)[0]
     static: Plan | None = None
+    out_of_time = False
     for attempt in range(OFFSET_RETRIES + 1):
         offs = assign_offsets(timeline.residencies)
         height = offsets_height(timeline.residencies, offs)
-        if height <= ctx.hw.hbm_bytes:
+        if height <= hw.hbm_bytes:
             stats = dict(plan.stats, offset_height_bytes=height, offset_attempts=attempt + 1)
             notes = plan.notes + ((f"static offsets fit after planning for {budget} B (the offsets need more than "
                                    "the peak: fragmentation)",) if attempt else ())
@@ -126,27 +158,37 @@ def _plan_offloading(ctx: Context, settings: Settings, offsets: bool, name: str)
         # Fragmentation makes the height exceed the peak by a few percent: plan for a budget lower by that ratio.
         # A margin of 1% (growing by 0.5% an attempt) for the plan changing under the lower budget.
         margin = 0.99 - 0.005 * attempt
-        budget = min(budget - ctx.hw.hbm_bytes // 1000, int(budget * ctx.hw.hbm_bytes / height * margin))
+        budget = min(budget - hw.hbm_bytes // 1000, int(budget * hw.hbm_bytes / height * margin))
         if budget < floor:
             break
+        if deadline is not None:
+            # Another attempt costs about what the first took; the caching allocator's run of the first plan
+            # (the fallback) about half of that.
+            per_attempt = (time.monotonic() - t0) / (attempt + 1)
+            if time.monotonic() + 1.5 * per_attempt > deadline:
+                out_of_time = True
+                break
         candidate, cand_tl = _plan_checked(ctx, settings, budget, name)
         if candidate.status != "feasible" or not cand_tl.valid:
             break
         plan, timeline = candidate, cand_tl
+    # ``timeline`` is the run of ``static``'s program (offsets change no time): only the offset checks are new.
+    static_tl = with_static_offsets(g, hw, static, timeline) if static is not None else None
     if static is not None and static.stats["offset_attempts"] == 1:
-        return static
+        return Planned(static, static_tl)
     # The first plan under the caching allocator (its defragmentation delays included) against the static plan
     # made for a lower budget, if any: the faster one wins, static offsets on a tie.
-    caching = simulate(ctx.graph, ctx.hw, first)
+    caching = simulate(g, hw, first)
     if static is not None:
-        static_tl = simulate(ctx.graph, ctx.hw, static)
         if static_tl.valid and static_tl.metrics.makespan_ns <= caching.metrics.makespan_ns:
-            return static
+            return Planned(static, static_tl)
         why = (f"static offsets fit only when planning for {static.stats['planning_budget_bytes']} B, which is "
                f"slower ({static_tl.metrics.makespan_ns} ns) than the caching allocator at the full budget")
     else:
-        why = "static offsets did not fit the HBM budget"
-    return replace(first, notes=first.notes + (f"{why}; HBM placement is left to the caching allocator",))
+        why = "static offsets did not fit the HBM budget" + (
+            " (no time left to plan for a lower budget)" if out_of_time else "")
+    return Planned(replace(first, notes=first.notes + (f"{why}; HBM placement is left to the caching allocator",)),
+                   caching)
 
 
 def _plan_checked(ctx: Context, settings: Settings, budget: int, name: str) -> tuple[Plan, Timeline]:
@@ -256,4 +298,5 @@ def emit(ctx: Context, gaps: list[Gap], name: str = "greedy") -> Plan:
     return pb.build(ctx.graph.name, name)
 
 
-__all__ = ["DEFAULTS", "Settings", "plan_greedy", "plan_with_context", "build_plan", "emit"]
+__all__ = ["DEFAULTS", "Settings", "plan_greedy", "plan_greedy_timed", "plan_with_context", "planned_with_context",
+           "build_plan", "emit"]

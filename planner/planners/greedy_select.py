@@ -17,10 +17,11 @@ it (``n`` for none). A tensor that starts on a remote tier has a mandatory gap b
 
 Steps repeat (planner/placement.py), so a tensor that outlives the step ends it where it started: one pinned to
 HBM may leave after its last use only to come back before the step ends (a *back* gap: Store, Detach, Prefetch),
-and one pinned remote and updated in place has a mandatory tail gap whose Store goes to its own tier. A tensor whose tier the planner chooses has a *wrap-around gap*: from its last use in one step to its
-first use in the next, i.e. a head part (off HBM until its first use: it starts remote, nothing to store) and a
-tail part (off HBM after its last use: stored back when updated). The two parts are one candidate, selected
-together; selecting it places the tensor on the fastest remote tier, leaving it places it on HBM.
+and one pinned remote and updated in place has a mandatory tail gap whose Store goes to its own tier. A tensor
+whose tier the planner chooses has a *wrap-around gap*: from its last use in one step to its first use in the
+next, i.e. a head part (off HBM until its first use: it starts remote, nothing to store) and a tail part (off HBM
+after its last use: stored back when updated). The two parts are one candidate, selected together; selecting it
+places the tensor on the fastest remote tier, leaving it places it on HBM.
 """
 
 from __future__ import annotations
@@ -239,6 +240,10 @@ class Context:
         return store + (self.fetch_ns(gap.bytes) if self.fetches(gap) else 0)
 
 
+# Slots summed first when booking a transfer on the link calendar (then 4x more at a time).
+TAKE_CHUNK = 64
+
+
 class LinkCalendar:
     """How much transfer time each link has left in each op's time slot (the op's duration x channels).
 
@@ -289,17 +294,28 @@ class LinkCalendar:
 
     @staticmethod
     def _take(free: np.ndarray, need: int) -> None:
-        """Use ``need`` ns of ``free`` (a view), first slots first."""
+        """Use ``need`` ns of ``free`` (a view), first slots first.
+
+        The slots are summed a chunk at a time (growing), not all at once: a gap can span most of the graph while
+        its transfer fits in its first few slots, and summing every slot of every such gap was a large share of
+        greedy's time on 30k-op graphs. The result is the same.
+        """
         if need <= 0 or len(free) == 0:
             return
-        c = np.cumsum(free)
-        k = int(np.searchsorted(c, need))
-        if k >= len(free):
-            free[:] = 0
-            return
-        left = int(c[k]) - need
-        free[:k] = 0
-        free[k] = left
+        n = len(free)
+        start, chunk = 0, TAKE_CHUNK
+        while start < n:
+            part = free[start:start + chunk]
+            c = np.cumsum(part)
+            k = int(np.searchsorted(c, need))
+            if k < len(part):
+                part[:k] = 0
+                part[k] = int(c[k]) - need
+                return
+            need -= int(c[-1])
+            part[:] = 0
+            start += chunk
+            chunk *= 4
 
 
 def _cover(L: np.ndarray, lo: int, hi: int, b: int) -> None:

@@ -18,7 +18,7 @@ from planner.executor import simulate
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
 from planner.plan import Plan
-from planner.planners.greedy import DEFAULTS, Settings, _flag, build_plan, plan_with_context
+from planner.planners.greedy import DEFAULTS, Settings, _flag, build_plan, plan_with_context, planned_with_context
 from planner.planners.greedy_select import Context
 
 FINALISTS = 2
@@ -84,8 +84,8 @@ def plan_greedy_sweep(
         chosen.append(0)
     best: tuple | None = None
     for k in chosen or [0]:
-        plan = plan_with_context(ctx, points[k], offsets=offsets, name="greedy-sweep")
-        tl = simulate(graph, hw, plan)
+        out = planned_with_context(ctx, points[k], offsets=offsets, name="greedy-sweep")
+        plan, tl = out.plan, out.timeline
         key = (not tl.valid, tl.metrics.makespan_ns, tl.metrics.peak_bytes.get(HBM, 0), k)
         if best is None or key < best[0]:
             best = (key, plan)

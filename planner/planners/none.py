@@ -19,9 +19,7 @@ def plan_none(graph: Graph, hw: Hardware, order: str = "auto") -> Plan:
 
     ``order``: ``auto`` (the lower-peak of the graph's order and a memory-aware one) or ``graph``.
     """
-    placed = with_placement(graph, plan_placement(graph))
-    names = best_no_offload_order(placed) if order == "auto" else graph_order(placed)
-    plan = replace(no_offload_program(graph, hw, names), options={"order": order})
+    plan = program_none(graph, hw, order)
     # None never offloads: when its own peak is over the budget, no plan of this planner fits. Say so.
     peak = simulate(graph, hw, plan, allocator=False).metrics.peak_bytes.get(HBM, 0)
     if peak > hw.hbm_bytes:
@@ -30,6 +28,14 @@ def plan_none(graph: Graph, hw: Hardware, order: str = "auto") -> Plan:
             "(every tensor whose tier it may choose starts on HBM)",
         ))
     return plan
+
+
+def program_none(graph: Graph, hw: Hardware, order: str = "auto") -> Plan:
+    """``plan_none``'s program without the check of its peak against the budget (which runs the executor): for
+    callers that run it anyway, or whose HBM is unbounded."""
+    placed = with_placement(graph, plan_placement(graph))
+    names = best_no_offload_order(placed) if order == "auto" else graph_order(placed)
+    return replace(no_offload_program(graph, hw, names), options={"order": order})
 
 
 def no_offload_program(graph: Graph, hw: Hardware, names: list[str], planner: str = "none") -> Plan:

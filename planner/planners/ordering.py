@@ -88,7 +88,15 @@ def live_bytes(graph: Graph, order: Sequence[str], remote_resident: bool = True)
 
 
 def best_no_offload_order(graph: Graph) -> list[str]:
-    """The graph's order or the memory-aware one, whichever peaks lower (the graph's order on a tie)."""
-    given = graph_order(graph)
-    aware = memory_aware_order(graph)
-    return aware if max(live_bytes(graph, aware)) < max(live_bytes(graph, given)) else given
+    """The graph's order or the memory-aware one, whichever peaks lower (the graph's order on a tie).
+
+    Computed once per graph (seconds on 30k-op graphs, and every planner asks): it does not depend on homes, as
+    neither order nor ``live_bytes`` with ``remote_resident`` does, so it is kept in ``graph.home_free``.
+    """
+    got = graph.home_free.get("best_no_offload_order")
+    if got is None:
+        given = graph_order(graph)
+        aware = memory_aware_order(graph)
+        got = tuple(aware if max(live_bytes(graph, aware)) < max(live_bytes(graph, given)) else given)
+        graph.home_free["best_no_offload_order"] = got
+    return list(got)

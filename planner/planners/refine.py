@@ -142,8 +142,7 @@ def place(ctx: Context, gaps: list[Gap], L: np.ndarray, budget: int, prefetch_di
             hidden = want <= cap
             want = min(want, cap)
             if want > lo:
-                over = np.flatnonzero(L[lo:want] + b > budget)
-                r = lo + int(over[0]) if len(over) else want
+                r = lo + _first_over(L[lo:want], budget - b, want - lo)
         else:
             hidden = True
         # Prefetch: as late as its link allows it to end in time, at least prefetch_distance ops before the use.
@@ -155,8 +154,7 @@ def place(ctx: Context, gaps: list[Gap], L: np.ndarray, budget: int, prefetch_di
             want = max(first, min(u - pd, q_hide))
             hidden = hidden and ls is not None and ls >= ctx.start_of(first)
             if want < u:
-                over = np.flatnonzero(L[want:u] + b > budget)
-                q = want + int(over[-1]) + 1 if len(over) else want
+                q = want + _last_over(L[want:u], budget - b)
         if not hidden and not gap.mandatory and not gap.pre_absent and not gap.wrap:
             # Cannot hide both transfers: keep the tensor on HBM if the budget allows.
             if int(L[r:q].max(initial=0)) + b <= budget:
@@ -168,6 +166,20 @@ def place(ctx: Context, gaps: list[Gap], L: np.ndarray, budget: int, prefetch_di
         if q < u:
             L[q:u] += b
         gap.r, gap.q = r, q
+
+
+def _first_over(counts: np.ndarray, limit: int, none: int) -> int:
+    """Index of the first count above ``limit``, or ``none`` (argmax on the mask: no index array is built)."""
+    over = counts > limit
+    i = int(over.argmax())
+    return i if over[i] else none
+
+
+def _last_over(counts: np.ndarray, limit: int) -> int:
+    """One past the index of the last count above ``limit``, or 0."""
+    over = counts[::-1] > limit
+    i = int(over.argmax())
+    return len(counts) - i if over[i] else 0
 
 
 __all__ = ["place", "resolve_copies"]

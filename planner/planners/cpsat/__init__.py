@@ -10,6 +10,6 @@ bandwidth. ``plan_cpsat`` is the entry point (``solve.py``); the modules are lay
 - ``solve.py``: the entry point, fallbacks and the Result record in ``Plan.stats["cpsat"]``.
 """
 
-from planner.planners.cpsat.solve import plan_cpsat
+from planner.planners.cpsat.solve import plan_cpsat, plan_cpsat_timed
 
-__all__ = ["plan_cpsat"]
+__all__ = ["plan_cpsat", "plan_cpsat_timed"]

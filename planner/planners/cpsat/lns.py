@@ -77,8 +77,9 @@ def improve(run, p: Problem, asg: Assignment, base: Plan, base_tl: Timeline, obj
     """Improve the starting plan window by window; return the best (plan, timeline) or None."""
     # The incumbent: the starting plan's assignment decoded, so that its timing in ticks is model-feasible.
     start_plan = plan_from_assignment(p, asg)
-    start_tl = timed(p.graph, p.hw, start_plan)
-    base_free = timed(p.graph, p.hw, base)
+    start_tl = run.timed(start_plan)
+    # A static-offset (or allocator-free) run has the same times as a run without the allocator model.
+    base_free = base_tl if base_tl.metrics.allocator in ("static", "none") else run.timed(base)
     if start_tl.valid and (start_tl.metrics.makespan_ns <= base_free.metrics.makespan_ns or not base_free.valid):
         inc = incumbent_from_plan(p, start_plan, start_tl)
     else:
@@ -102,7 +103,8 @@ def improve(run, p: Problem, asg: Assignment, base: Plan, base_tl: Timeline, obj
         if inc.makespan <= compute:
             run.notes.append("the makespan reached the compute bound: optimal")
             break
-        left = run.left()
+        # Keep time for deciding HBM placement after the search, and for decoding and running this window.
+        left = run.left() - run.final_reserve() - 1.5 * run.sim_s
         if left < 0.5:
             break
         if det_budget is not None and run.det_used >= det_budget:
@@ -139,7 +141,7 @@ def improve(run, p: Problem, asg: Assignment, base: Plan, base_tl: Timeline, obj
         stats["improved_in_model"] += 1
         sol = m.read(res.values)
         plan = plan_from_assignment(p, sol)
-        tl = timed(p.graph, p.hw, plan)
+        tl = run.timed(plan)
         if not tl.valid:
             stats["invalid"] = stats.get("invalid", 0) + 1
             if DEBUG is not None:
@@ -159,6 +161,10 @@ def improve(run, p: Problem, asg: Assignment, base: Plan, base_tl: Timeline, obj
     from planner.planners.cpsat.solve import place_hbm
 
     history.sort(key=lambda c: (c[1].metrics.makespan_ns, sum(c[1].metrics.bytes_moved.values())))
+    if base_free is base_tl and not _accept(history[0][1], Incumbent(base, base_tl, inc.asg), objective, limit_ns):
+        # Nothing beats the starting plan, whose HBM placement is made (its run is the full one): keep it as is.
+        run.notes.append(f"cpsat found nothing better than its starting plan ({base.planner}); it returns that")
+        return None
     return place_hbm(run, p, history[:8])
 
 

@@ -24,15 +24,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from planner.cost import op_durations_ns
-from planner.executor import simulate
+from planner.executor import simulate, with_static_offsets
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
+from planner.offsets import assign_offsets, offsets_height
+from planner.placement import with_placement
 from planner.plan import Plan
+from planner.planned import Planned
 from planner.planners.cpsat import worker
 from planner.planners.cpsat.data import Assignment, Problem, build_problem, canonical, choose_scale
 from planner.planners.cpsat.decode import plan_from_assignment
 from planner.planners.cpsat.hint import assignment_from_plan, check, offload_cycles, tick_times
+from planner.planners.cpsat.lns import WINDOW_MIN_S, improve
 from planner.planners.cpsat.model import Model, whole_frame
+from planner.planners.greedy import Settings, planned_with_context
+from planner.planners.greedy_select import Context
+from planner.planners.ordering import best_no_offload_order, live_bytes
 from planner.timeline import Timeline
 
 # Seconds of deterministic time CP-SAT gets per second of wall-clock limit in deterministic mode. Measured on
@@ -48,6 +55,17 @@ SWEEP_POINT_SHARE = 0.4
 SWEEP_LIMIT_SHARE = 0.45
 # Share of the limit kept for decoding, checking and writing the plan.
 RESERVE = 0.08
+# What follows the search (offsets, their check or the caching allocator's run), in executor runs.
+FINAL_RUNS = 4.0
+# The search on a large graph: the model (about 1.5 executor runs on 29k ops), the first incumbent decoded and
+# run (2), a window decoded and run (1.5), and FINAL_RUNS.
+SEARCH_MIN_RUNS = 5.0 + FINAL_RUNS
+# Seconds of one executor run (without the allocator model) per op, before one was measured: 29k ops took 6.6 to
+# 8 s on the 2-core development machine with the other core busy.
+SIM_S_PER_OP = 2.5e-4
+# An optional phase (greedy's sweep, another starting planner) runs when its estimate is at most this share of the
+# time left.
+AFFORDABLE_SHARE = 0.25
 
 Progress = Callable[[dict], None]
 
@@ -68,6 +86,27 @@ class Run:
     notes: list[str] = field(default_factory=list)
     stats: dict = field(default_factory=dict)
     det_used: float = 0.0
+    sim_s: float = 0.0  # the longest executor run (without the allocator model) so far: estimates the next ones
+
+    def timed(self, plan: Plan) -> Timeline:
+        """The executor's run of ``plan`` without the allocator model, timed for the estimates."""
+        t = time.monotonic()
+        tl = timed(self.graph, self.hw, plan)
+        self.sim_s = max(self.sim_s, time.monotonic() - t)
+        return tl
+
+    @property
+    def limit_s(self) -> float:
+        return self.time_limit if self.wall_limit is None else self.wall_limit
+
+    def estimated_sim_s(self) -> float:
+        """Seconds of one executor run without the allocator model: measured, or estimated from the op count."""
+        return self.sim_s or len(self.graph.ops) * SIM_S_PER_OP
+
+    def final_reserve(self) -> float:
+        """Seconds to keep for what follows the search: static offsets for the best plan and its checks, or the
+        caching allocator's run (each about FINAL_RUNS executor runs on large graphs; nothing on small ones)."""
+        return FINAL_RUNS * self.sim_s
 
     @property
     def elapsed(self) -> float:
@@ -75,8 +114,7 @@ class Run:
 
     @property
     def deadline(self) -> float:
-        limit = self.time_limit if self.wall_limit is None else self.wall_limit
-        return self.t0 + limit * (1 - RESERVE)
+        return self.t0 + self.limit_s * (1 - RESERVE)
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -132,6 +170,27 @@ def plan_cpsat(
     ``wall_budget``: the seconds actually left for planning when the caller spent some of the limit already (the
     CLI's loading); deadlines use it, deterministic budgets and the recorded options use ``time_limit``.
     """
+    return plan_cpsat_timed(graph, hw, time_limit, seed, workers, objective, makespan_limit_us, whole_max_ops,
+                            window_ops, start, log, progress, wall_budget).plan
+
+
+def plan_cpsat_timed(
+    graph: Graph,
+    hw: Hardware,
+    time_limit: float = 60.0,
+    seed: int = 0,
+    workers: int = 2,
+    objective: str = "makespan",
+    makespan_limit_us: float | None = None,
+    whole_max_ops: int = 500,
+    window_ops: int = 80,
+    start: str = "auto",
+    log: bool = False,
+    progress: Progress | None = None,
+    wall_budget: float | None = None,
+) -> Planned:
+    """``plan_cpsat`` with the executor's full timeline of the plan it returns (cpsat compares its candidates by
+    their full timelines, so it has it)."""
     if objective not in ("makespan", "peak"):
         raise ValueError(f"objective must be 'makespan' or 'peak', not {objective!r}")
     time_limit = float(time_limit)
@@ -173,13 +232,19 @@ def plan_cpsat(
     run.stats["runtime_s"] = round(run.elapsed, 3)
     run.stats["makespan_us"] = best_tl.metrics.makespan_ns / 1000
     run.stats["peak_hbm_bytes"] = best_tl.metrics.peak_bytes[HBM]
-    _bounds(run, best_tl, objective)
+    # The bound costs about one executor run on large graphs: within the limit only.
+    if run.left() + RESERVE * run.limit_s >= run.estimated_sim_s():
+        _bounds(run, best_tl, objective)
+    else:
+        run.notes.append("no gap vs bound: no time was left to compute the bound")
     run.report(phase="done", incumbent_us=best_tl.metrics.makespan_ns / 1000)
     notes = list(best_plan.notes) if best_plan is not base else list(base.notes)
     notes += run.notes
     status = best_plan.status if best_tl.valid else "infeasible"
-    return replace(best_plan, planner="cpsat", options=options, notes=tuple(dict.fromkeys(notes)),
+    # Only the program, placement and offsets decide the timeline, and they are best_plan's.
+    plan = replace(best_plan, planner="cpsat", options=options, notes=tuple(dict.fromkeys(notes)),
                    stats={"cpsat": run.stats, **({"start": base.stats} if base.stats else {})}, status=status)
+    return Planned(plan, best_tl)
 
 
 def _hbm_floor(graph: Graph) -> tuple[int, str]:
@@ -233,39 +298,63 @@ def _better(tl: Timeline, ref: Timeline, objective: str) -> bool:
 
 
 def starting_plan(run: Run, start: str = "auto") -> tuple[Plan, Timeline]:
-    """The best valid plan among greedy (swept when affordable), reactive and no offload."""
+    """The best valid plan among greedy (swept when affordable), reactive and no offload, within the clock.
+
+    Greedy comes first and is always run (it is the usual winner and the fallback); its replanning for static
+    offsets stops where it would overrun the limit. Its sweep, reactive and no offload run only when
+    their estimated cost fits in the time left (``_affordable``); no offload is skipped when its memory count
+    is over the budget (it cannot be valid).
+    """
     from planner.planners import PLANNERS
 
     g, hw = run.graph, run.hw
     cands: list[tuple[Plan, Timeline]] = []
-
-    def add(plan: Plan) -> None:
-        cands.append((plan, simulate(g, hw, plan)))
-
     names = ["greedy", "reactive", "none"] if start == "auto" else [start]
+    greedy_s = None
     for name in names:
         fn = PLANNERS.get(name)
         if fn is None:
             continue
         t = time.monotonic()
+        if name != "greedy" and cands and any(tl.valid for _p, tl in cands):
+            if name == "none" and _none_over_budget(g, hw):
+                run.notes.append("no offload is not a starting plan: its memory count is over the budget")
+                continue
+            # Estimated like a greedy run (planning, then a full executor run).
+            estimate = len(g.ops) * SWEEP_S_PER_OP if run.deterministic or greedy_s is None else greedy_s
+            if not _affordable(run, estimate):
+                run.notes.append(f"{name} is not a starting plan: about {estimate:.0f} s, more than the time left "
+                                 "allows")
+                continue
         try:
-            add(fn(g, hw))
+            if name == "greedy":
+                ctx = Context(g, hw)
+                # Its replanning for static offsets stops only where it would overrun the limit: the starting
+                # plan is the fallback and usually the hint, worth the time.
+                out = planned_with_context(ctx, Settings(), deadline=run.deadline)
+                cands.append((out.plan, out.timeline))
+            else:
+                plan = fn(g, hw)
+                cands.append((plan, simulate(g, hw, plan)))
         except Exception as exc:  # noqa: BLE001
             run.notes.append(f"starting planner {name} failed: {exc}")
             continue
         if name == "greedy" and "greedy-sweep" in PLANNERS:
+            greedy_s = time.monotonic() - t
             npoints = _sweep_points()
             # Deterministic runs estimate the sweep from the op count, others from the time one greedy run took.
-            single = len(g.ops) * SWEEP_S_PER_OP if run.deterministic else time.monotonic() - t
-            if single * npoints * SWEEP_POINT_SHARE <= SWEEP_LIMIT_SHARE * run.time_limit:
+            single = len(g.ops) * SWEEP_S_PER_OP if run.deterministic else greedy_s
+            cost = single * npoints * SWEEP_POINT_SHARE
+            if cost <= SWEEP_LIMIT_SHARE * run.time_limit and _affordable(run, cost):
                 try:
-                    add(PLANNERS["greedy-sweep"](g, hw))
+                    plan = PLANNERS["greedy-sweep"](g, hw)
+                    cands.append((plan, simulate(g, hw, plan)))
                 except Exception as exc:  # noqa: BLE001
                     run.notes.append(f"greedy sweep failed: {exc}")
             else:
                 run.notes.append(
-                    f"greedy at its default settings only: its sweep ({npoints} points, about "
-                    f"{single * npoints * SWEEP_POINT_SHARE:.0f} s) does not fit in the time limit")
+                    f"greedy at its default settings only: its sweep ({npoints} points, about {cost:.0f} s) does not "
+                    "fit in the time limit")
     valid = [c for c in cands if c[1].valid]
     pool = valid or cands
     if not pool:
@@ -273,6 +362,21 @@ def starting_plan(run: Run, start: str = "auto") -> tuple[Plan, Timeline]:
     best = min(pool, key=lambda c: (c[1].metrics.makespan_ns, c[1].metrics.peak_bytes[HBM]))
     run.stats["start_candidates"] = {c[0].planner: c[1].metrics.makespan_ns / 1000 for c in cands if c[1].valid}
     return best
+
+
+def _none_over_budget(g: Graph, hw: Hardware) -> bool:
+    """Whether the no-offload plan certainly peaks over the budget: what starts on HBM (free tensors included,
+    as ``none`` places them) and what the ops produce, in its order, is a lower bound of its executed peak
+    (tensors pinned remote are left out: when they arrive depends on their fetches)."""
+    placed = with_placement(g, {})
+    return max(live_bytes(placed, best_no_offload_order(placed), remote_resident=False), default=0) > hw.hbm_bytes
+
+
+def _affordable(run: Run, seconds: float) -> bool:
+    """Whether a phase estimated at ``seconds`` fits in the time left with room for the search after it. In
+    deterministic mode the time left is counted from the limit, not the clock (the same decisions every run)."""
+    left = run.time_limit * (1 - RESERVE) if run.deterministic else run.left()
+    return seconds <= AFFORDABLE_SHARE * left
 
 
 def _sweep_points() -> int:
@@ -304,6 +408,16 @@ def _optimise(run: Run, base: Plan, base_tl: Timeline, objective: str, makespan_
               window_ops: int, log: bool) -> tuple[Plan, Timeline] | None:
     if not base_tl.valid:
         run.notes.append(f"the starting plan ({base.planner}) is not valid; cpsat has no hint")
+    sim = run.estimated_sim_s()
+    if len(run.graph.ops) > whole_max_ops:
+        # Preparing the model and the search's first incumbent, one window, and what follows the search: about
+        # SEARCH_MIN_RUNS executor runs and a short solve. Without that much time the starting plan is the answer.
+        need = SEARCH_MIN_RUNS * sim + WINDOW_MIN_S
+        if run.left() < need:
+            run.notes.append(f"no time for the search: it needs about {need:.0f} s on this graph, "
+                             f"{max(0.0, run.left()):.0f} s were left after the starting plan")
+            run.stats.update(model="none", status="NOT_RUN")
+            return None
     run.report(phase="model")
     p, asg = prepare(run, base, base_tl)
     problems = check(p, asg)
@@ -325,8 +439,6 @@ def _optimise(run: Run, base: Plan, base_tl: Timeline, objective: str, makespan_
             else int(ms // p.scale.tick_ns)
     if len(p.ops) <= whole_max_ops:
         return _whole(run, p, asg, objective, limit_ticks, log)
-    from planner.planners.cpsat.lns import improve
-
     return improve(run, p, asg, base, base_tl, objective, limit_ticks, window_ops, log)
 
 
@@ -414,7 +526,7 @@ def finish(run: Run, p: Problem, sols: list[Assignment]) -> tuple[Plan, Timeline
     decoded: list[tuple[Plan, Timeline]] = []
     for sol in sols:
         plan = plan_from_assignment(p, sol)
-        tl = timed(p.graph, p.hw, plan)
+        tl = run.timed(plan)
         if tl.valid:
             decoded.append((plan, tl))
         elif not decoded:
@@ -428,13 +540,20 @@ def finish(run: Run, p: Problem, sols: list[Assignment]) -> tuple[Plan, Timeline
 
 def place_hbm(run: Run, p: Problem, cands: list[tuple[Plan, Timeline]]) -> tuple[Plan, Timeline]:
     """The fastest of: the first candidate (best first) whose static offsets fit the budget, and the best
-    candidate with the caching allocator. Timelines are the executor's full ones."""
+    candidate with the caching allocator. Candidates carry their runs without the allocator model; the
+    timelines returned are the executor's full ones.
+
+    The best candidate's static plan needs no comparison: static offsets delay nothing, and the caching
+    allocator's compactions only delay, so it is never slower than the caching run, which is then not made.
+    """
     best_plan, _ = cands[0]
-    caching = (best_plan, simulate(p.graph, p.hw, best_plan))
-    try:
-        from planner.offsets import assign_offsets, offsets_height
-    except ImportError:
-        return caching
+    caching: list[tuple[Plan, Timeline]] = []
+
+    def caching_run() -> tuple[Plan, Timeline]:
+        if not caching:
+            caching.append((best_plan, simulate(p.graph, p.hw, best_plan)))
+        return caching[0]
+
     deadline = time.monotonic() + max(0.5, 0.5 * run.left())
     for k, (plan, tl) in enumerate(cands):
         if k and time.monotonic() > deadline:
@@ -443,9 +562,9 @@ def place_hbm(run: Run, p: Problem, cands: list[tuple[Plan, Timeline]]) -> tuple
         height = offsets_height(tl.residencies, offs)
         if height <= p.hw.hbm_bytes:
             static = replace(plan, offsets=offs)
-            static_tl = simulate(p.graph, p.hw, static)
-            if static_tl.valid and (static_tl.metrics.makespan_ns <= caching[1].metrics.makespan_ns
-                                    or not caching[1].valid):
+            static_tl = with_static_offsets(p.graph, p.hw, static, tl)
+            if static_tl.valid and (k == 0 or static_tl.metrics.makespan_ns <= caching_run()[1].metrics.makespan_ns
+                                    or not caching_run()[1].valid):
                 run.stats["offset_height_bytes"] = height
                 if k:
                     run.notes.append("the best solution's static HBM offsets did not fit the budget; a slightly "
@@ -453,7 +572,7 @@ def place_hbm(run: Run, p: Problem, cands: list[tuple[Plan, Timeline]]) -> tuple
                 return static, static_tl
             break
     run.notes.append("static offsets did not fit the HBM budget; HBM placement is left to the caching allocator")
-    return caching
+    return caching_run()
 
 
 def with_offsets(run: Run, p: Problem, plan: Plan, tl: Timeline) -> tuple[Plan, Timeline]:
