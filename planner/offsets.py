@@ -225,4 +225,23 @@ def offsets_height(residencies: Iterable[Residency], offsets: dict, tier: str = 
     return h
 
 
-__all__ = ["ORDERS", "assign_offsets", "best_fit_offset", "offsets_height"]
+def offsets_within(
+    residencies: Iterable[Residency], capacity: int, tier: str = "hbm", time_limit_s: float = 10.0
+) -> tuple[dict[str, int | list[int]], int]:
+    """Return (offsets, their height): best fit's, or, when those end above ``capacity``, CP-SAT's exact
+    assignment within it if it finds one (``planner/offsets_cpsat.py``: timelines of up to a few hundred
+    allocations). The height is above ``capacity`` only when neither fits."""
+    from planner.offsets_cpsat import fit_offsets
+
+    residencies = list(residencies)
+    offs = assign_offsets(residencies, tier)
+    height = offsets_height(residencies, offs, tier)
+    if height <= capacity:
+        return offs, height
+    exact = fit_offsets(residencies, capacity, tier=tier, time_limit_s=time_limit_s)
+    if exact is None:
+        return offs, height
+    return exact, offsets_height(residencies, exact, tier)
+
+
+__all__ = ["ORDERS", "assign_offsets", "best_fit_offset", "offsets_height", "offsets_within"]

@@ -15,7 +15,8 @@ be distance-based with four settings, which are this planner's options:
 On top of the distance rule the planner respects the HBM budget: it offloads more gaps, largest bytes x gap
 time first, until the sequential HBM count fits (``greedy_select.py``), places every cache op
 (``refine.py``), emits the program, checks it with the executor and assigns static HBM offsets
-(``planner/offsets.py``). When the offsets do not fit the budget (fragmentation), it plans again against a
+(``planner/offsets.py``: best fit, or the exact assignment on small timelines). When the offsets do not fit
+the budget (fragmentation), it plans again against a
 budget lowered by the excess (three times at most) and keeps that plan if it is no slower than the first plan under
 the caching allocator (defragmentation delays included); otherwise the first plan, with the caching allocator.
 
@@ -31,8 +32,8 @@ from dataclasses import dataclass, replace
 from planner.bounds import hbm_floor, initial_hbm_bytes
 from planner.executor import simulate, with_static_offsets
 from planner.graph import Graph
-from planner.hardware import Hardware
-from planner.offsets import assign_offsets, offsets_height
+from planner.hardware import HBM, Hardware
+from planner.offsets import offsets_within
 from planner.placement import plan_placement
 from planner.plan import COMPUTE, Plan, ProgramBuilder
 from planner.planned import Planned
@@ -117,8 +118,10 @@ def planned_with_context(ctx: Context, settings: Settings, offsets: bool = True,
     """
     out = _plan_offloading(ctx, settings, offsets, name, deadline)
     plan = out.plan
-    # A cheap necessary condition first: the no-offload order's live bytes without what starts remote.
-    if plan.status != "feasible" or max(live_bytes(ctx.graph, ctx.order, remote_resident=False)) > ctx.hw.hbm_bytes:
+    # Cheap necessary conditions first (the no-offload program and its run cost seconds on 30k-op graphs): the
+    # no-offload order's live bytes without what starts remote, and what that program holds when the step ends.
+    if (plan.status != "feasible" or no_offload_end_bytes(ctx.graph) > ctx.hw.hbm_bytes
+            or max(live_bytes(ctx.graph, ctx.order, remote_resident=False)) > ctx.hw.hbm_bytes):
         return out
     nothing = plan_none(ctx.graph, ctx.hw, order=ctx.order_name)
     if nothing.status != "feasible":
@@ -129,6 +132,14 @@ def planned_with_context(ctx: Context, settings: Settings, offsets: bool = True,
     return Planned(replace(nothing, planner=name, options=plan.options, stats=plan.stats, notes=(
         "nothing has to leave HBM at this budget and the no-offload program is faster than the offloading one: "
         "it is returned",)), theirs)
+
+
+def no_offload_end_bytes(graph: Graph) -> int:
+    """The bytes on HBM when the no-offload program (``planners/none.py``) ends its step: every tensor that outlives
+    the step, except those pinned to a remote tier and never read (that program fetches every other one it reads
+    and never drops a copy), so a lower bound of that program's HBM peak."""
+    return sum(t.bytes for name, t in graph.tensors.items() if t.persistent and (
+        name in graph.producer or not t.pinned or t.home == HBM or graph.users[name]))
 
 
 def _plan_offloading(ctx: Context, settings: Settings, offsets: bool, name: str, deadline: float | None = None
@@ -147,8 +158,7 @@ def _plan_offloading(ctx: Context, settings: Settings, offsets: bool, name: str,
     static: Plan | None = None
     out_of_time = False
     for attempt in range(OFFSET_RETRIES + 1):
-        offs = assign_offsets(timeline.residencies)
-        height = offsets_height(timeline.residencies, offs)
+        offs, height = offsets_within(timeline.residencies, hw.hbm_bytes)
         if height <= hw.hbm_bytes:
             stats = dict(plan.stats, offset_height_bytes=height, offset_attempts=attempt + 1)
             notes = plan.notes + ((f"static offsets fit after planning for {budget} B (the offsets need more than "

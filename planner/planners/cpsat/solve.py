@@ -27,7 +27,7 @@ from planner.cost import op_durations_ns
 from planner.executor import simulate, with_static_offsets
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
-from planner.offsets import assign_offsets, offsets_height
+from planner.offsets import offsets_within
 from planner.placement import with_placement
 from planner.plan import Plan
 from planner.planned import Planned
@@ -519,7 +519,7 @@ def _us(p: Problem, m: Model, value) -> float | None:
 def finish(run: Run, p: Problem, sols: list[Assignment]) -> tuple[Plan, Timeline] | None:
     """Decode the solutions (best first), check them with the executor, and place HBM statically.
 
-    Static offsets (best fit, as greedy assigns them) can need more address space than the peak: the first
+    Static offsets (as greedy assigns them: ``offsets_within``) can need more address space than the peak: the first
     solution whose offsets fit the budget wins unless the best one, left to the caching allocator (whose
     defragmentations cost time), is still faster. None when no decoded plan is valid.
     """
@@ -558,8 +558,7 @@ def place_hbm(run: Run, p: Problem, cands: list[tuple[Plan, Timeline]]) -> tuple
     for k, (plan, tl) in enumerate(cands):
         if k and time.monotonic() > deadline:
             break
-        offs = assign_offsets(tl.residencies)
-        height = offsets_height(tl.residencies, offs)
+        offs, height = offsets_within(tl.residencies, p.hw.hbm_bytes, time_limit_s=max(0.5, run.left()))
         if height <= p.hw.hbm_bytes:
             static = replace(plan, offsets=offs)
             static_tl = with_static_offsets(p.graph, p.hw, static, tl)
