@@ -88,9 +88,14 @@ def dumps_schedule(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_schedule(path: str | Path, graph: Graph, hw: Hardware, plan: Plan, timeline: Timeline) -> None:
-    """Write the schedule file atomically."""
-    write_atomic(path, dumps_schedule(schedule_to_dict(graph, hw, plan, timeline)))
+def write_schedule(path: str | Path, graph: Graph, hw: Hardware, plan: Plan, timeline: Timeline,
+                   quality: dict | None = None) -> None:
+    """Write the schedule file atomically; ``quality`` (``planner.quality.Quality.to_dict()``: the lower bound,
+    the gap and the planner's proof) is recorded as ``quality`` when given."""
+    doc = schedule_to_dict(graph, hw, plan, timeline)
+    if quality is not None:
+        doc["quality"] = quality
+    write_atomic(path, dumps_schedule(doc))
 
 
 def plan_from_dict(doc: dict, source: str) -> Plan:

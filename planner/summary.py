@@ -8,11 +8,13 @@ from planner.api import Result
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
 from planner.placement import bytes_by_kind
+from planner.quality import Quality
 from planner.units import format_bytes, format_time_us
 
 
-def summary_dict(graph: Graph, hw: Hardware, result: Result, schedule_path: str | None) -> dict:
-    """Return the summary of a planning run as JSON-ready data."""
+def summary_dict(graph: Graph, hw: Hardware, result: Result, schedule_path: str | None,
+                 quality: Quality | None = None) -> dict:
+    """Return the summary of a planning run as JSON-ready data (with ``quality``'s bound, gap and proof)."""
     m = result.timeline.metrics
     ref = result.reference.metrics
     return {
@@ -42,6 +44,7 @@ def summary_dict(graph: Graph, hw: Hardware, result: Result, schedule_path: str 
         "fragmentation_failures": m.fragmentation_failures,
         "allocator": m.allocator,
         "offset_height_bytes": m.offset_height_bytes,
+        **(quality.to_dict() if quality is not None else {}),
         "planner_runtime_s": round(result.runtime_s, 3),
         "notes": list(result.plan.notes),
         "schedule": schedule_path,
@@ -72,6 +75,11 @@ def summary_table(d: dict) -> Table:
         table.add_row("start of step" + chosen, "; ".join(
             f"{kind} " + ", ".join(f"{format_bytes(b)} {tier}" for tier, b in tiers.items())
             for kind, tiers in placement.items()))
+    if d.get("lower_bound_us") is not None:
+        g = d.get("gap_vs_bound")
+        table.add_row("lower bound (every plan)", f"{format_time_us(d['lower_bound_us'])}: {d['lower_bound_reason']}")
+        table.add_row("gap vs bound", ("n/a" if g is None else f"{g:.2%} at most from optimal")
+                      + f" · planner's proof: {d['proof']}")
     table.add_row("compute stall", format_time_us(d["stall_us"]))
     table.add_row("transfer hidden behind compute", f"{d['hidden_transfer_share']:.1%}")
     if d.get("allocator") == "static":

@@ -236,18 +236,21 @@ def plan_cmd(graph_path, planner_name, planner_options, homes, output, no_output
                     err=True,
                 )
             sys.exit(1)
+        from planner.quality import plan_quality
+
+        quality = plan_quality(graph, hw, result.plan, result.timeline)
         path = None
         if not no_output and result.timeline.valid:
             stem = Path(graph_path).name.removesuffix(".json").removesuffix(".onnx")
             path = output or f"{stem}.{planner_name}.schedule.json"
             from planner.schedule import write_schedule
 
-            write_schedule(path, graph, hw, result.plan, result.timeline)
+            write_schedule(path, graph, hw, result.plan, result.timeline, quality.to_dict())
         if trace_path and result.timeline.steps:
             from planner.report.trace import TraceRun, write_trace
 
             write_trace(trace_path, [TraceRun(graph, hw, result.plan, result.timeline)])
-        d = summary_dict(graph, hw, result, path)
+        d = summary_dict(graph, hw, result, path, quality)
         if as_json:
             click.echo(json.dumps(d, indent=1))
         else:
