@@ -110,7 +110,9 @@ def makespan_bounds(graph: Graph, hw: Hardware) -> list[Bound]:
 
     - total compute time (one compute stream);
     - the first fetch of every tensor pinned to a remote tier and read: the fetch links carry those bytes, and
-      the last fetch ends before some op runs (a tensor whose tier the planner chooses may start on HBM);
+      the last fetch ends before some op runs. A tensor whose tier the planner chooses may start on HBM, but
+      all of them together only within the budget beside the tensors pinned there: the bytes read beyond that
+      room are fetched too (here and in the next bound);
     - per op ``o``, whatever the order: the tensors that must exist while ``o`` runs (made before it by its
       ancestors or present from the start, and still needed: read by ``o`` or a descendant, or outliving the
       step) exceed the budget by some bytes that must be off HBM when ``o`` starts. Those with no valid remote
@@ -136,13 +138,23 @@ def makespan_bounds(graph: Graph, hw: Hardware) -> list[Bound]:
     # be off HBM without a Store. Counting the free tensors in the second and not the first only lowers each term.
     remote = np.array([t not in graph.producer and graph.tensors[t].pinned and graph.tensors[t].home != HBM
                        for t in names])
+    # Tensors whose tier the planner chooses: all of them may start on HBM only while they fit beside what is
+    # pinned there, so the bytes of them an op and its ancestors read beyond that room start remote and are
+    # fetched (steady state: every step starts from the same placement, within the budget at time 0).
+    free = np.array([t not in graph.producer and not graph.tensors[t].pinned for t in names])
+    pinned_hbm = sum(graph.tensors[t].bytes for t in names
+                     if t not in graph.producer and graph.tensors[t].pinned and graph.tensors[t].home == HBM)
+    room = max(0, budget - pinned_hbm)
     may_be_remote = np.array([t not in graph.producer and graph.tensors[t].home != HBM for t in names])
     read = np.array([t in used for t in names])
-    if fetch_rate > 0 and (remote & read).any():
-        first = float(size[remote & read].sum()) / fetch_rate * 1e9
-        shortest = min(durations[u] for t in names if remote[tidx[t]] and read[tidx[t]] for u in graph.users[t])
+    fetched_free = max(0.0, float(size[free & read].sum()) - room)
+    if fetch_rate > 0 and ((remote & read).any() or fetched_free > 0):
+        first = (float(size[remote & read].sum()) + fetched_free) / fetch_rate * 1e9
+        shortest = min(durations[u] for t in names if (remote[tidx[t]] or (free[tidx[t]] and fetched_free > 0))
+                       and read[tidx[t]] for u in graph.users[t])
         out.append(Bound("makespan_ns", first + shortest,
-                         "first fetch of every tensor that starts on a remote tier, then one op"))
+                         "first fetch of every tensor pinned to a remote tier, and of the bytes of the tensors "
+                         "placed by the planner that do not fit on HBM beside those pinned there, then one op"))
     if n == 0:
         return out
     anc, desc, as_array = _bitsets(graph)
@@ -202,7 +214,8 @@ def makespan_bounds(graph: Graph, hw: Hardware) -> list[Bound]:
             need = np.zeros(len(names), dtype=bool)
             if len(user_t):
                 need[user_t[before[user_o]]] = True
-            fetch_ns = float(size[need & remote].sum()) / fetch_rate * 1e9
+            fetch_ns = (float(size[need & remote].sum())
+                        + max(0.0, float(size[need & free].sum()) - room)) / fetch_rate * 1e9
         start = max(float(dur[a].sum()), store_ns, fetch_ns)
         value = start + float(dur[o]) + float(dur[d].sum())
         if value > best:

@@ -22,6 +22,27 @@ def test_bounds_of_the_two_fetch_graph_by_hand():
     assert bounds.makespan_bound(g, hw).value >= 1400
 
 
+def test_weights_the_planner_places_are_fetched_beyond_what_fits_beside_the_pinned_bytes():
+    # The two weights of two_fetches left to the planner (auto), a 250 B budget and x (1 B) pinned to HBM: at
+    # most 249 B of the 400 B start on HBM, so 151 B are fetched (151 ns) before some op reads them, then 100 ns.
+    from dataclasses import replace
+
+    from planner.graph import AUTO, Graph
+
+    g = two_fetches()
+    g = Graph.build(g.name, [replace(t, home=AUTO) if t.name.startswith("w") else t for t in g.tensors.values()],
+                    g.ops)
+    first = [b for b in bounds.makespan_bounds(g, simple_hardware(hbm=250)) if b.reason.startswith("first")]
+    assert [b.value for b in first] == [151 + 100]
+    # With room for both, nothing has to be fetched.
+    assert not [b for b in bounds.makespan_bounds(g, simple_hardware(hbm=1000)) if b.reason.startswith("first")]
+    # And no plan beats the bound at 250 B.
+    for name in ("greedy", "cpsat"):
+        plan = PLANNERS[name](g, simple_hardware(hbm=250))
+        tl = simulate(g, simple_hardware(hbm=250), plan)
+        assert tl.valid and tl.metrics.makespan_ns >= bounds.makespan_bound(g, simple_hardware(hbm=250)).value
+
+
 def test_the_per_op_bound_counts_the_stores_the_budget_forces():
     # Budget 150: making big1 while big0 is alive needs 100 B stored first (100 ns at 1 B/ns) unless the order
     # avoids it; the bound must stay below what cpsat proves optimal (3500 ns, no transfer).

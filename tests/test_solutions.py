@@ -10,8 +10,9 @@ import pytest
 from click.testing import CliRunner
 from conftest import ROOT, SOLUTIONS
 
+from planner.bounds import makespan_bound
 from planner.formats import load_graph, read_json
-from planner.report.solutions import TOLERANCE, missing_entries, replan
+from planner.report.solutions import TOLERANCE, entry_hardware, missing_entries, replan
 from planner.schedule import validate_schedule
 
 BUDGETS = json.loads((SOLUTIONS / "budgets.json").read_text())
@@ -33,6 +34,17 @@ def test_schedule_still_validates(path):
     graph = load_graph(ROOT / entry["graph"])
     report = validate_schedule(read_json(path), graph, str(path))
     assert report.ok, [v.describe() for v in report.timeline.violations[:5]] + list(report.mismatches)
+
+
+@pytest.mark.parametrize("path", SCHEDULES, ids=lambda p: p.name)
+def test_schedule_states_its_bound_and_gap(path):
+    doc = read_json(path)
+    entry = BUDGETS[path.name.removesuffix(".schedule.json")]
+    graph = load_graph(ROOT / entry["graph"])
+    hw = entry_hardware(entry)
+    q = doc["quality"]
+    assert q["lower_bound_us"] == round(makespan_bound(graph, hw).value / 1000, 3) or q["proof"] != "heuristic"
+    assert q["lower_bound_us"] <= doc["metrics"]["makespan_us"] and q["gap_vs_bound"] >= 0
 
 
 @pytest.mark.parametrize("path", SCHEDULES, ids=lambda p: p.name)

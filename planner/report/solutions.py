@@ -79,6 +79,7 @@ def regenerate(root: Path, only: list[str] | None = None, log: Callable[[str], N
     Returns ``{entry: {"planner", "makespan_us", "peak_hbm_bytes", "path"}}``; raises InputError when an entry
     has no valid plan.
     """
+    from planner.quality import plan_quality
     from planner.schedule import write_schedule
 
     folder = root / "solutions"
@@ -95,7 +96,8 @@ def regenerate(root: Path, only: list[str] | None = None, log: Callable[[str], N
         if best is None:
             raise InputError("solutions/budgets.json", f"entry {key!r}", f"no planner found a valid plan ({tried})")
         path = folder / f"{key}.schedule.json"
-        write_schedule(path, graph, hw, best.plan, best.timeline)
+        write_schedule(path, graph, hw, best.plan, best.timeline,
+                       plan_quality(graph, hw, best.plan, best.timeline).to_dict())
         r = best.row
         out[key] = {"planner": r["planner"], "makespan_us": r["makespan_us"], "peak_hbm_bytes": r["peak_hbm_bytes"],
                     "path": str(path)}
