@@ -33,14 +33,18 @@ class Quality:
 
 
 def proof(plan: Plan) -> str:
-    """What the planner proved about its plan: ``optimal`` (exact: over every order and plan of the executor's
-    model), ``model-optimal`` (cpsat: CP-SAT proved its model's optimum, which fixes the starting order and scales
-    times and sizes, so not a proof for every plan), ``feasible`` (a solver stopped before proving anything), or
-    ``heuristic`` (greedy, reactive, none)."""
+    """What the planner proved about its plan: ``optimal`` (exact; or cpsat on graphs small enough that it runs
+    the exact search too: over every order and plan of the executor's model), ``model-optimal`` (cpsat: CP-SAT
+    proved its model's optimum, which fixes the starting order and scales times and sizes, so not a proof for
+    every plan), ``feasible`` (a solver stopped before proving anything), or ``heuristic`` (greedy, reactive,
+    none)."""
     if plan.planner == "exact":
         return "optimal" if plan.status == "optimal" else "feasible"
     cp = plan.stats.get("cpsat")
     if isinstance(cp, dict):
+        proven = cp.get("exact_optimum_us")
+        if proven is not None and cp.get("makespan_us") is not None and cp["makespan_us"] <= proven:
+            return "optimal"
         return "model-optimal" if cp.get("optimal") else "feasible"
     return HEURISTIC
 

@@ -60,13 +60,23 @@ def plan_exact(graph: Graph, hw: Hardware, time_limit: float = 60.0, max_orders:
     best: tuple[int, Plan] | None = None  # (executed makespan, plan)
     optimum: int | None = None  # the lowest model optimum over the orders
     proven = True
-    solved = 0
+    solved = pruned = 0
     for order in orders:
         left = time_limit - (time.monotonic() - t0)
         if left <= 0.05:
             proven = False
             break
-        result = _solve_order(graph, hw, order, left)
+        # Branch and bound over the orders: an order is only asked for a model makespan below the lowest optimum
+        # proven so far (``cut``), and proving that none exists is usually much faster than solving it again.
+        # Ties are still searched while no decoded plan runs at the optimum (decoding can add a few ns of waiting,
+        # and another order's program may not).
+        exact_hit = best is not None and optimum is not None and best[0] <= optimum
+        cut = None if optimum is None else (optimum if exact_hit else optimum + 1)
+        result = _solve_order(graph, hw, order, left, below=cut)
+        if result is NO_BETTER:
+            solved += 1
+            pruned += 1
+            continue
         if result is None:
             proven = False
             continue
@@ -77,7 +87,7 @@ def plan_exact(graph: Graph, hw: Hardware, time_limit: float = 60.0, max_orders:
         if plan is not None and (best is None or executed < best[0]):
             best = (executed, plan)
     proven = proven and optimum is not None
-    stats = {"exact": {"orders": len(orders), "orders_solved": solved, "proven": proven,
+    stats = {"exact": {"orders": len(orders), "orders_solved": solved, "orders_pruned": pruned, "proven": proven,
                        "optimum_ns": optimum if proven else None, "best_found_ns": None if best is None else best[0]}}
     options = {"time_limit": float(time_limit)}
     if best is None:
@@ -97,10 +107,14 @@ def plan_exact(graph: Graph, hw: Hardware, time_limit: float = 60.0, max_orders:
     return replace(best[1], planner="exact", options=options, status=status, notes=(note,), stats=stats)
 
 
-def _solve_order(graph: Graph, hw: Hardware, order: list[str], wall_s: float
-                 ) -> tuple[bool, int, Plan | None, int] | None:
+NO_BETTER = "no better"  # _solve_order: CP-SAT proved the order has no plan below the bound it was given
+
+
+def _solve_order(graph: Graph, hw: Hardware, order: list[str], wall_s: float, below: int | None = None
+                 ) -> tuple[bool, int, Plan | None, int] | str | None:
     """(proven optimal, model makespan in ns, decoded plan or None when invalid, its executed makespan) for one
-    order; None if no solution was found in time."""
+    order; ``NO_BETTER`` when ``below`` (ns) is given and the order's model has no makespan under it; None if no
+    solution was found in time."""
     base = no_offload_program(graph, hw, order, planner="exact")  # the hint; it may not fit the budget
     scale = exact_scale(graph, hw)
     every_gap = {(name, nb) for name in graph.tensors for nb in range(len(graph.users[name]) + 1)}
@@ -114,9 +128,13 @@ def _solve_order(graph: Graph, hw: Hardware, order: list[str], wall_s: float
     canonical(p, asg)
     model = Model(p, whole_frame(p, asg))
     model.add_hints()
+    if below is not None:
+        model.m.add(model.M * p.scale.tick_ns < below)
     params = {"num_workers": 1, "random_seed": 0, "max_time_in_seconds": wall_s,
               "keep_all_feasible_solutions_in_presolve": True}
     res = worker.solve(model.m, params, wall_s)
+    if below is not None and res.status == "INFEASIBLE":
+        return NO_BETTER
     if not res.has_solution:
         return None
     # The last solution is the optimum; earlier ones may decode to a program that runs as fast (decoding may add a

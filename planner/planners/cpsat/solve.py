@@ -229,6 +229,8 @@ def plan_cpsat_timed(
             best_plan, best_tl = plan, tl
         elif tl.valid:
             run.notes.append(f"cpsat found nothing better than its starting plan ({base.planner}); it returns that")
+    if objective == "makespan" and hw.hbm_bytes >= floor:
+        best_plan, best_tl = _prove_small(run, best_plan, best_tl)
     run.stats["runtime_s"] = round(run.elapsed, 3)
     run.stats["makespan_us"] = best_tl.metrics.makespan_ns / 1000
     run.stats["peak_hbm_bytes"] = best_tl.metrics.peak_bytes[HBM]
@@ -245,6 +247,34 @@ def plan_cpsat_timed(
     plan = replace(best_plan, planner="cpsat", options=options, notes=tuple(dict.fromkeys(notes)),
                    stats={"cpsat": run.stats, **({"start": base.stats} if base.stats else {})}, status=status)
     return Planned(plan, best_tl)
+
+
+def _prove_small(run: Run, plan: Plan, tl: Timeline) -> tuple[Plan, Timeline]:
+    """On graphs small enough for the exact search (``planner/planners/exact.py``: every order), run it in the time
+    left: cpsat's own model fixes one order, so only this proves a plan optimal over every plan. Returns the
+    faster of ``plan`` and the exact plan; records the proven optimum in ``stats["exact_optimum_us"]``."""
+    from planner.planners import exact
+
+    if len(run.graph.ops) > exact.MAX_OPS or run.left() < 0.5:
+        return plan, tl
+    try:
+        found = exact.plan_exact(run.graph, run.hw, time_limit=max(0.5, 0.8 * run.left()))
+    except Exception as exc:  # noqa: BLE001 - too many orders, or a failure: cpsat's plan stands
+        run.notes.append(f"the exact search did not run ({exc})")
+        return plan, tl
+    st = found.stats.get("exact", {})
+    if not st.get("proven"):
+        run.notes.append("the exact search over every order did not finish in the time left")
+        return plan, tl
+    run.stats["exact_optimum_us"] = st["optimum_ns"] / 1000
+    found_tl = simulate(run.graph, run.hw, found)
+    if found_tl.valid and found_tl.metrics.makespan_ns < tl.metrics.makespan_ns:
+        plan, tl = found, found_tl
+    above = tl.metrics.makespan_ns - st["optimum_ns"]
+    run.notes.append("proven optimal over every order by the exact search" if above <= 0 else
+                     f"the exact search over every order proves the optimum is {st['optimum_ns']} ns: this plan runs "
+                     f"{above} ns above it")
+    return plan, tl
 
 
 def _hbm_floor(graph: Graph) -> tuple[int, str]:
