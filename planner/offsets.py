@@ -207,8 +207,14 @@ def assign_offsets(
             result[(rp.name, kp)] = off
         placed.add(r.start_ns, end, new, r.bytes)
         pos = run
+    return offsets_by_name(result)
+
+
+def offsets_by_name(by_instance: dict[tuple[str, int], int]) -> dict[str, int | list[int]]:
+    """``Plan.offsets``'s form of ``{(name, k): offset}``: a name's k-th entry for its k-th residency (by start),
+    a single int for a name resident once."""
     out: dict[str, list[int]] = {}
-    for (name, _k), off in sorted(result.items()):
+    for (name, _k), off in sorted(by_instance.items()):
         out.setdefault(name, []).append(off)
     return {name: (v[0] if len(v) == 1 else v) for name, v in out.items()}
 
@@ -244,4 +250,4 @@ def offsets_within(
     return exact, offsets_height(residencies, exact, tier)
 
 
-__all__ = ["ORDERS", "assign_offsets", "best_fit_offset", "offsets_height", "offsets_within"]
+__all__ = ["ORDERS", "assign_offsets", "best_fit_offset", "offsets_by_name", "offsets_height", "offsets_within"]

@@ -22,6 +22,7 @@ import math
 from collections.abc import Iterable
 
 from planner.allocator import live_end, residency_instances
+from planner.offsets import offsets_by_name
 from planner.timeline import Residency
 
 EXACT_MAX_BLOCKS = 400  # larger timelines keep best fit (measured: no gain within seconds at 1,000+ allocations)
@@ -41,7 +42,7 @@ def fit_offsets(
     every = residency_instances(residencies, tier)
     inst = [(r, k) for r, k in every if live_end(r) > r.start_ns]
     if not inst:
-        return assign_empty(every)
+        return offsets_by_name({(r.name, k): 0 for r, k in every})
     if len(inst) > EXACT_MAX_BLOCKS or any(r.bytes > capacity for r, _ in inst):
         return None
     times = sorted({r.start_ns for r, _ in inst} | {live_end(r) for r, _ in inst})
@@ -52,7 +53,7 @@ def fit_offsets(
         return None
     unit = math.gcd(capacity, *(r.bytes for r, _ in inst)) or 1
     cap = capacity // unit
-    sizes = [-(-r.bytes // unit) for r, _ in inst]
+    sizes = [r.bytes // unit for r, _ in inst]
     model = cp_model.CpModel()
     ys = [model.new_int_var(0, cap - size, f"y{i}") for i, size in enumerate(sizes)]
     for i, j in pairs:
@@ -68,7 +69,7 @@ def fit_offsets(
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     found = {(r.name, k): solver.value(y) * unit for (r, k), y in zip(inst, ys)}
-    return _as_offsets({(r.name, k): found.get((r.name, k), 0) for r, k in every})
+    return offsets_by_name({(r.name, k): found.get((r.name, k), 0) for r, k in every})
 
 
 def _overlapping_pairs(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -82,19 +83,6 @@ def _overlapping_pairs(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
         pairs.extend((min(i, j), max(i, j)) for j in active)
         active.append(i)
     return pairs
-
-
-def assign_empty(every: list) -> dict[str, int | list[int]]:
-    """Offsets for allocations that are never live at once with anything (zero-length): all at 0."""
-    return _as_offsets({(r.name, k): 0 for r, k in every})
-
-
-def _as_offsets(by_instance: dict[tuple[str, int], int]) -> dict[str, int | list[int]]:
-    """``Plan.offsets``'s form: a name's k-th entry for its k-th residency; a single int for one residency."""
-    out: dict[str, list[int]] = {}
-    for (name, _k), off in sorted(by_instance.items()):
-        out.setdefault(name, []).append(off)
-    return {name: (v[0] if len(v) == 1 else v) for name, v in out.items()}
 
 
 __all__ = ["EXACT_MAX_BLOCKS", "fit_offsets"]
