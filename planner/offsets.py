@@ -16,6 +16,7 @@ which a segment tree over time keeps merged per node (``_Placed``).
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections.abc import Iterable
 from itertools import chain
 
@@ -133,19 +134,42 @@ class _Placed:
 
 def best_fit_offset(offs: np.ndarray, ends: np.ndarray, size: int) -> int:
     """The address of the smallest gap of at least ``size`` among the blocks [offs, ends), or the top."""
-    if len(offs) == 0:
-        return 0
-    order = np.argsort(offs, kind="stable")
-    o = offs[order]
-    top = np.maximum.accumulate(ends[order])
-    # Gap k lies between the end of blocks 0..k-1 and the start of block k (gap 0 starts at address 0).
-    gap_start = np.concatenate(([0], top[:-1]))
-    gap_len = o - gap_start
-    ok = np.flatnonzero(gap_len >= size)
-    if len(ok) == 0:
-        return int(top[-1])
-    best = ok[np.argmin(gap_len[ok])]  # argmin returns the first (lowest address) on a tie
-    return int(gap_start[best])
+    return best_fit_run(offs, ends, size, 1)[0]
+
+
+def best_fit_run(offs: np.ndarray, ends: np.ndarray, size: int, count: int) -> list[int]:
+    """The addresses of ``count`` blocks of ``size`` placed one after another by best fit among the blocks
+    [offs, ends), each also counting those placed before it: the smallest gap that fits (the lowest on a tie),
+    else the top.
+
+    The gaps are listed once and kept in a heap, as placing a block in a gap only shortens that gap: a run of
+    thousands of KV-cache blocks no longer re-sorts every block placed so far for each one.
+    """
+    top = 0
+    heap: list[tuple[int, int]] = []
+    if len(offs):
+        order = np.argsort(offs, kind="stable")
+        o = offs[order]
+        reach = np.maximum.accumulate(ends[order])
+        # Gap k lies between the end of blocks 0..k-1 and the start of block k (gap 0 starts at address 0); gaps
+        # long enough for a block start strictly higher as k grows, so (length, start) breaks ties by address.
+        gap_start = np.concatenate(([0], reach[:-1]))
+        gap_len = o - gap_start
+        ok = np.flatnonzero(gap_len >= size)
+        heap = list(zip(gap_len[ok].tolist(), gap_start[ok].tolist()))
+        heapq.heapify(heap)
+        top = int(reach[-1])
+    out: list[int] = []
+    for _ in range(count):
+        if heap:
+            length, start = heapq.heappop(heap)
+            out.append(start)
+            if length - size >= size:
+                heapq.heappush(heap, (length - size, start + size))
+        else:
+            out.append(top)
+            top += size
+    return out
 
 
 BEST_OF_TWO_MAX = 5000
@@ -196,13 +220,8 @@ def assign_offsets(
             if r2.bytes != r.bytes or r2.start_ns != r.start_ns or live_end(r2) != end:
                 break
             run += 1
-        offs, ends = placed.overlapping(r.start_ns, end)
-        new: list[int] = []
-        for p in range(pos, run):
-            off = best_fit_offset(offs, ends, r.bytes)
-            new.append(off)
-            if p + 1 < run:
-                offs, ends = np.append(offs, off), np.append(ends, off + r.bytes)
+        new = best_fit_run(*placed.overlapping(r.start_ns, end), r.bytes, run - pos)
+        for p, off in zip(range(pos, run), new):
             rp, kp = inst[order[p]]
             result[(rp.name, kp)] = off
         placed.add(r.start_ns, end, new, r.bytes)
@@ -250,4 +269,5 @@ def offsets_within(
     return exact, offsets_height(residencies, exact, tier)
 
 
-__all__ = ["ORDERS", "assign_offsets", "best_fit_offset", "offsets_by_name", "offsets_height", "offsets_within"]
+__all__ = ["ORDERS", "assign_offsets", "best_fit_offset", "best_fit_run", "offsets_by_name", "offsets_height",
+           "offsets_within"]
