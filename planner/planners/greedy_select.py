@@ -34,7 +34,7 @@ import numpy as np
 from planner.cost import op_durations_ns, transfer_duration_ns
 from planner.graph import AUTO, Graph
 from planner.hardware import HBM, Hardware
-from planner.planners.ordering import best_no_offload_order, graph_order
+from planner.planners.ordering import named_order
 
 
 @dataclass
@@ -76,7 +76,7 @@ class Context:
 
     def __init__(self, graph: Graph, hw: Hardware, order: str = "auto") -> None:
         self.graph, self.hw = graph, hw
-        self.order = best_no_offload_order(graph) if order == "auto" else graph_order(graph)
+        self.order = named_order(graph, order)
         self.order_name = order
         n = self.n = len(self.order)
         self.ops = [graph.op(name) for name in self.order]

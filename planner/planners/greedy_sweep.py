@@ -5,7 +5,8 @@ the same program as an earlier one is not run again. The best valid plan wins: l
 peak, then the earliest point of the grid. The best two and the defaults are planned again with static offsets
 (which may replan against a lower budget) and the best of those is returned; its settings are recorded in
 ``Plan.options`` (with the sweep's counts in ``Plan.stats``), so reports compare against greedy at its best
-rather than at an arbitrary default.
+rather than at an arbitrary default. With ``order=auto`` the grid is run on both orders greedy's ``auto`` plans
+(``planner/planners/ordering.py``) when they differ.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from planner.hardware import HBM, Hardware
 from planner.plan import Plan
 from planner.planners.greedy import DEFAULTS, Settings, _flag, build_plan, plan_with_context, planned_with_context
 from planner.planners.greedy_select import Context
+from planner.planners.ordering import lowest_peak_order
 
 FINALISTS = 2
 
@@ -64,29 +66,35 @@ def plan_greedy_sweep(
     if hw.hbm_bytes < hbm_floor(graph)[0]:
         plan = plan_with_context(ctx, points[0], offsets=False, name="greedy-sweep")  # infeasible, with the note
         return replace(plan, options=dict(plan.options, sweep=True))
+    # As greedy's own ``auto``: the lowest-peak order is swept too when moving the store-back releases up changed it.
+    contexts = [ctx]
+    if order == "auto" and ctx.order != lowest_peak_order(graph):
+        contexts.append(Context(graph, hw, "lowest-peak"))
     ranked: list[tuple] = []
     seen: set = set()
-    for k, s in enumerate(points):
-        plan = build_plan(ctx, s, hw.hbm_bytes, "greedy-sweep")
-        if plan.steps in seen:
-            continue
-        seen.add(plan.steps)
-        tl = simulate(graph, hw, plan, allocator=False)
-        if plan.status != "feasible" or not tl.valid:
-            continue
-        ranked.append((tl.metrics.makespan_ns, tl.metrics.peak_bytes[HBM], k))
+    for c, cx in enumerate(contexts):
+        for k, s in enumerate(points):
+            plan = build_plan(cx, s, hw.hbm_bytes, "greedy-sweep")
+            if plan.steps in seen:
+                continue
+            seen.add(plan.steps)
+            tl = simulate(graph, hw, plan, allocator=False)
+            if plan.status != "feasible" or not tl.valid:
+                continue
+            ranked.append((tl.metrics.makespan_ns, tl.metrics.peak_bytes[HBM], c, k))
     ranked.sort()
-    chosen = [k for *_, k in ranked[: max(1, int(finalists))]]
+    chosen = [(c, k) for *_, c, k in ranked[: max(1, int(finalists))]]
     offsets = _flag(offsets)
     if not offsets:
         chosen = chosen[:1]
-    elif 0 not in chosen and any(k == 0 for *_, k in ranked):
-        chosen.append(0)
+    else:
+        # The defaults of every order, so that the sweep is never worse than greedy with its defaults.
+        chosen += [(c, k) for *_, c, k in ranked if k == 0 and (c, k) not in chosen]
     best: tuple | None = None
-    for k in chosen or [0]:
-        out = planned_with_context(ctx, points[k], offsets=offsets, name="greedy-sweep")
+    for c, k in chosen or [(0, 0)]:
+        out = planned_with_context(contexts[c], points[k], offsets=offsets, name="greedy-sweep")
         plan, tl = out.plan, out.timeline
-        key = (not tl.valid, tl.metrics.makespan_ns, tl.metrics.peak_bytes.get(HBM, 0), k)
+        key = (not tl.valid, tl.metrics.makespan_ns, tl.metrics.peak_bytes.get(HBM, 0), c, k)
         if best is None or key < best[0]:
             best = (key, plan)
     plan = best[1]

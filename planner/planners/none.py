@@ -10,14 +10,15 @@ from planner.graph import Graph
 from planner.hardware import HBM, Hardware
 from planner.placement import plan_placement, with_placement
 from planner.plan import Plan, ProgramBuilder
-from planner.planners.ordering import best_no_offload_order, graph_order
+from planner.planners.ordering import named_order
 
 
 def plan_none(graph: Graph, hw: Hardware, order: str = "auto") -> Plan:
     """Return a plan with no cache ops but the initial prefetches of tensors pinned off HBM and the store-back of
     those updated in place. Tensors whose tier the planner chooses start on HBM.
 
-    ``order``: ``auto`` (the lower-peak of the graph's order and a memory-aware one) or ``graph``.
+    ``order``: ``auto`` (the lower-peak of the graph's order and a memory-aware one, with the updates that
+    release store-backs moved up: ``ordering.best_no_offload_order``), ``lowest-peak`` (without that) or ``graph``.
     """
     plan = program_none(graph, hw, order)
     # None never offloads: when its own peak is over the budget, no plan of this planner fits. Say so.
@@ -34,7 +35,7 @@ def program_none(graph: Graph, hw: Hardware, order: str = "auto") -> Plan:
     """``plan_none``'s program without the check of its peak against the budget (which runs the executor): for
     callers that run it anyway, or whose HBM is unbounded."""
     placed = with_placement(graph, plan_placement(graph))
-    names = best_no_offload_order(placed) if order == "auto" else graph_order(placed)
+    names = named_order(placed, order)
     return replace(no_offload_program(graph, hw, names), options={"order": order})
 
 

@@ -11,6 +11,21 @@ from planner.graph import Graph
 READY_WINDOW = 32
 
 
+ORDERS = ("auto", "lowest-peak", "graph")
+
+
+def named_order(graph: Graph, name: str) -> list[str]:
+    """The compute order a planner's ``order`` option names: ``auto`` (``best_no_offload_order``),
+    ``lowest-peak`` (``lowest_peak_order``: without moving the store-back releases up) or ``graph``."""
+    if name == "auto":
+        return best_no_offload_order(graph)
+    if name == "lowest-peak":
+        return lowest_peak_order(graph)
+    if name == "graph":
+        return graph_order(graph)
+    raise ValueError(f"order: {name!r} is not one of {', '.join(ORDERS)}")
+
+
 def graph_order(graph: Graph) -> list[str]:
     """The order the graph gives (already topological)."""
     return [op.name for op in graph.ops]
@@ -56,6 +71,50 @@ def memory_aware_order(graph: Graph) -> list[str]:
     return order
 
 
+def store_backs_first(graph: Graph, order: Sequence[str]) -> list[str]:
+    """``order`` with every op that updates a tensor pinned to a remote tier (an optimizer step on host-resident
+    Adam states), and every op that only leads to such ops (a gradient all-reduce), moved up to run as soon as
+    its inputs are ready; the other ops keep their relative order. ``order`` itself when there is no such op.
+
+    Why: such an update releases the Store that takes the tensor back to its tier (steady state), and those
+    Stores share one link. Run at the end of the backward pass, as graphs list the optimizer, they queue behind
+    the last compute and the step ends a whole store volume after it (LLaMA-3-8B No.1, fp32 Adam states on the
+    host: 2.9 s of stores after 3.3 s of compute, 6.05 s); run as each layer's gradient is complete, they overlap
+    the rest of the backward pass (3.80 s, against a lower bound of 3.79 s).
+    """
+    dag = graph.dag
+    early: set[str] = set()
+    for name in reversed(list(order)):
+        op = graph.op(name)
+        succ = list(dag.successors(name))
+        if any(_stored_back(graph, t) for t in op.updates) or (succ and all(s in early for s in succ)):
+            early.add(name)
+    if not early:
+        return list(order)
+    pos = {name: i for i, name in enumerate(order)}
+    waiting = {n: dag.in_degree(n) for n in early}
+    out: list[str] = []
+
+    def emit(name: str) -> None:
+        out.append(name)
+        for s in sorted((s for s in dag.successors(name) if s in waiting), key=pos.__getitem__):
+            waiting[s] -= 1
+            if waiting[s] == 0:
+                emit(s)
+
+    for name in order:
+        if name not in early:
+            emit(name)
+        elif dag.in_degree(name) == 0:
+            emit(name)
+    return out
+
+
+def _stored_back(graph: Graph, name: str) -> bool:
+    t = graph.tensors[name]
+    return name not in graph.producer and t.persistent and t.pinned and t.home != "hbm"
+
+
 def live_bytes(graph: Graph, order: Sequence[str], remote_resident: bool = True) -> list[int]:
     """Return, for each op of ``order``, the bytes on HBM while it runs when nothing is offloaded.
 
@@ -88,6 +147,16 @@ def live_bytes(graph: Graph, order: Sequence[str], remote_resident: bool = True)
 
 
 def best_no_offload_order(graph: Graph) -> list[str]:
+    """The graph's order or the memory-aware one, whichever peaks lower (the graph's order on a tie), with the
+    updates that release store-backs moved up (``store_backs_first``) unless that raises the peak."""
+    base = lowest_peak_order(graph)
+    early = store_backs_first(graph, base)
+    if early != base and max(live_bytes(graph, early), default=0) <= max(live_bytes(graph, base), default=0):
+        return early
+    return base
+
+
+def lowest_peak_order(graph: Graph) -> list[str]:
     """The graph's order or the memory-aware one, whichever peaks lower (the graph's order on a tie).
 
     Computed once per graph (seconds on 30k-op graphs, and every planner asks): it does not depend on homes, as
