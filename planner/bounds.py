@@ -21,10 +21,15 @@ class Bound:
 def largest_working_set(graph: Graph) -> tuple[int, str]:
     """Return (bytes, op name) of the op whose inputs, outputs, updates and workspace are largest.
 
-    No plan can run with less HBM than this, whatever the order or the offloading.
+    No plan can run with less HBM than this, whatever the order or the offloading. Kept in ``graph.home_free``
+    (sizes only, whatever the homes): the floor, the bounds and ``inspect`` all ask, at a third of a second on
+    30k-op graphs.
     """
-    best = max(graph.ops, key=lambda op: (graph.working_set(op), -graph.op_index[op.name]))
-    return graph.working_set(best), best.name
+    got = graph.home_free.get("largest_working_set")
+    if got is None:
+        best = max(graph.ops, key=lambda op: (graph.working_set(op), -graph.op_index[op.name]))
+        got = graph.home_free["largest_working_set"] = (graph.working_set(best), best.name)
+    return got
 
 
 def hbm_bound(graph: Graph) -> Bound:

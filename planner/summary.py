@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.markup import escape
 from rich.table import Table
 
 from planner.api import Result
@@ -9,6 +10,7 @@ from planner.graph import Graph
 from planner.hardware import HBM, Hardware
 from planner.placement import bytes_by_kind
 from planner.quality import Quality
+from planner.tensors import NO_LAYER, MoveTotals, OffloadInterval, TensorView
 from planner.units import format_bytes, format_time_us
 
 
@@ -99,3 +101,108 @@ def summary_table(d: dict) -> Table:
     if d["schedule"]:
         table.add_row("schedule", d["schedule"])
     return table
+
+
+# -- the tensor view (--tensors): rows shared by the rich tables here and report.md -----------------------------
+
+
+def _byte_time(byte_ns: int) -> str:
+    # Bytes x time read as bytes held for one second: 1 GB off HBM for 10 ms is "10 MB·s".
+    return f"{format_bytes(byte_ns / 1e9)}·s"
+
+
+def _interval_text(iv: OffloadInterval) -> str:
+    leaves = "starts off HBM" if iv.leave_ns is None else f"after {iv.leaves_after or '?'}"
+    if iv.return_ns is None:
+        returns = "step end"
+    else:
+        returns = f"before {iv.returns_before or '?'}" + (", next step" if iv.next_step else "")
+    return f"{leaves} → {returns} ({format_time_us(iv.duration_ns / 1000)})"
+
+
+def tensor_move_rows(view: TensorView, top: int | None = None) -> tuple[list[str], list[list[str]]]:
+    """(headers, rows) of the moving tensors, most HBM bytes x time freed first (the ``top`` first when given).
+
+    One row per tensor: how often it leaves HBM and its longest interval off HBM; every interval is in
+    ``TensorView.to_dict()``. The layer column is there when some name has a layer id.
+    """
+    layered = any(m.layer != NO_LAYER for m in view.moves)
+    headers = ["tensor", "kind", *(["layer"] if layered else []), "size", "to", "times off",
+               "longest time off HBM", "HBM freed (bytes×time)", "stall"]
+    rows = []
+    for m in view.moves[:top]:
+        longest = m.largest
+        rows.append([m.name, m.kind, *([m.layer] if layered else []), format_bytes(m.bytes),
+                     ", ".join(m.tiers) or "-", str(len(m.intervals)),
+                     "-" if longest is None else _interval_text(longest), _byte_time(m.freed_byte_ns),
+                     format_time_us(m.stall_ns / 1000)])
+    return headers, rows
+
+
+def peak_rows(view: TensorView, top: int | None = None) -> tuple[list[str], list[list[str]]]:
+    """(headers, rows) of the allocations on HBM at the peak, largest first (the ``top`` first when given)."""
+    moving = {m.name for m in view.moves}
+    layered = any(r.layer != NO_LAYER for r in view.peak.residents)
+    headers = ["allocation", "kind", *(["layer"] if layered else []), "size", "share of peak", "on HBM since",
+               "moves"]
+    rows = [[r.name, r.kind, *([r.layer] if layered else []), format_bytes(r.bytes), f"{r.share:.1%}",
+             format_time_us(r.since_ns / 1000), "yes" if r.name in moving else "no"]
+            for r in view.peak.residents[:top]]
+    return headers, rows
+
+
+def move_totals_rows(totals: tuple[MoveTotals, ...] | list[MoveTotals], what: str) -> tuple[list[str], list[list[str]]]:
+    """(headers, rows) of moving-tensor totals per ``what`` (kind or layer)."""
+    headers = [what, "tensors", "size", "times off", "bytes moved", "HBM freed (bytes×time)", "stall"]
+    rows = [[t.key, str(t.tensors), format_bytes(t.bytes), str(t.intervals), format_bytes(t.moved_bytes),
+             _byte_time(t.freed_byte_ns), format_time_us(t.stall_ns / 1000)] for t in totals]
+    return headers, rows
+
+
+def tensor_captions(view: TensorView, top: int | None) -> dict[str, str]:
+    """The one-line titles and the "and N more" lines of the tensor tables, keyed by table."""
+    n, peak = len(view.moves), view.peak
+    shown = n if top is None else min(top, n)
+    rest = view.moves[shown:]
+    shown_peak = len(peak.residents) if top is None else min(top, len(peak.residents))
+    return {
+        "moves": f"Tensors that move: {n}, by HBM bytes × time freed"
+                 + (f" (top {shown})" if shown < n else ""),
+        "moves_more": f"... and {len(rest)} more moving tensors ({_byte_time(sum(m.freed_byte_ns for m in rest))} "
+                      "freed)" if rest else "",
+        "peak": f"On HBM at its peak: {format_bytes(peak.bytes)} at {format_time_us(peak.time_ns / 1000)}, "
+                f"{peak.count} allocations" + (f" (largest {shown_peak})" if shown_peak < peak.count else ""),
+        "peak_more": f"... and {peak.count - shown_peak} more allocations "
+                     f"({format_bytes(peak.bytes - sum(r.bytes for r in peak.residents[:shown_peak]))})"
+                     if shown_peak < peak.count else "",
+        "by_kind": "Moving tensors by kind",
+        "by_layer": "Moving tensors by layer",
+    }
+
+
+def tensor_tables(view: TensorView, top: int | None = 20) -> list:
+    """Return the tensor view as rich renderables: moves, the HBM peak, totals per kind (and per layer when
+    names have layer ids), each followed by an "and N more" line where rows were left out."""
+    caps = tensor_captions(view, top)
+    out: list = []
+
+    def add(title: str, headers: list[str], rows: list[list[str]], more: str = "") -> None:
+        table = Table(title=title, title_justify="left")
+        for h in headers:
+            table.add_column(h, overflow="fold")
+        for r in rows:
+            table.add_row(*(escape(c) for c in r))
+        out.append(table)
+        if more:
+            out.append(more)
+
+    if view.moves:
+        add(caps["moves"], *tensor_move_rows(view, top), caps["moves_more"])
+    else:
+        out.append("No tensor moves: every tensor stays on HBM.")
+    add(caps["peak"], *peak_rows(view, top), caps["peak_more"])
+    if view.moves:
+        add(caps["by_kind"], *move_totals_rows(view.by_kind, "kind"))
+        if any(t.key != NO_LAYER for t in view.by_layer):
+            add(caps["by_layer"], *move_totals_rows(view.by_layer, "layer"))
+    return out

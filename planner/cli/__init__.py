@@ -185,6 +185,10 @@ def load_options(kw: dict) -> dict:
               help="Schedule file to write (default: ./<graph>.<planner>.schedule.json).")
 @click.option("--no-output", is_flag=True, help="Do not write a schedule file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--tensors", "tensors_top", type=click.IntRange(min=1), is_flag=False, flag_value=20, default=None,
+              metavar="[N]", help="Also show which tensors move and why: the N (default 20) that free the most HBM "
+                                  "bytes x time, what is on HBM at its peak, totals per kind and layer. With --json: "
+                                  "a 'tensor_view' section with every moving tensor.")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False),
               help="Also write the executed plan as Perfetto / Chrome trace JSON (open in ui.perfetto.dev).")
 @click.option("--time-limit", "time_limit", type=float, default=None,
@@ -192,8 +196,8 @@ def load_options(kw: dict) -> dict:
 @click.option("--seed", type=int, default=None, help="cpsat: random seed (default 0).")
 @click.option("--workers", type=int, default=None,
               help="cpsat: solver threads (default 2); 1 makes the run deterministic for a given --seed.")
-def plan_cmd(graph_path, planner_name, planner_options, homes, output, no_output, as_json, trace_path, greedy_sweep,
-             time_limit, seed, workers, **hw_kw):
+def plan_cmd(graph_path, planner_name, planner_options, homes, output, no_output, as_json, tensors_top, trace_path,
+             greedy_sweep, time_limit, seed, workers, **hw_kw):
     """Plan GRAPH for an HBM budget, validate the plan, print a summary, write a schedule."""
     if greedy_sweep:
         planner_name = "greedy-sweep"
@@ -251,6 +255,13 @@ def plan_cmd(graph_path, planner_name, planner_options, homes, output, no_output
 
             write_trace(trace_path, [TraceRun(graph, hw, result.plan, result.timeline)])
         d = summary_dict(graph, hw, result, path, quality)
+        view = None
+        if tensors_top is not None:
+            from planner.tensors import tensor_view
+
+            view = tensor_view(graph, result.plan, result.timeline)
+            # "tensors" is already the graph's tensor count.
+            d["tensor_view"] = view.to_dict()
         if as_json:
             click.echo(json.dumps(d, indent=1))
         else:
@@ -262,6 +273,13 @@ def plan_cmd(graph_path, planner_name, planner_options, homes, output, no_output
                 console.print(f"... and {len(result.timeline.violations) - 20} more", highlight=False)
             for note in result.plan.notes:
                 console.print(f"note: {escape(note)}", highlight=False)
+            if view is not None:
+                from planner.summary import tensor_tables
+
+                # Rows of op and tensor names need more than a pipe's default 80 columns to stay readable.
+                wide = console if console.is_terminal else Console(width=max(console.width, 140))
+                for part in tensor_tables(view, tensors_top):
+                    wide.print(part, highlight=False)
             if not result.timeline.valid:
                 console.print("no schedule written: the plan is not valid", highlight=False)
         if not result.timeline.valid:
@@ -319,7 +337,7 @@ def validate_cmd(schedule_path, graph_path, **graph_kw):
 
 # Subcommands that live in their own modules register themselves on ``main`` when imported here.
 # (Each module: ``from planner.cli import main`` then ``@main.command(...)``.)
-for _module in ("report", "generate", "bench"):
+for _module in ("report", "generate", "bench", "inspect"):
     __import__(f"planner.cli.{_module}")
 
 if __name__ == "__main__":

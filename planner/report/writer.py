@@ -1,6 +1,6 @@
 """The report folder: ``report.md`` (tables and plots), ``comparison.json`` / ``comparison.csv`` (the same rows
-in machine units), sweep data (``sweep-<kind>.json`` / ``.csv``), PNG plots, the Perfetto trace of every plan,
-and the schedule file of every valid plan.
+in machine units), ``tensors.csv`` (every tensor that moves, per planner), sweep data (``sweep-<kind>.json`` /
+``.csv``), PNG plots, the Perfetto trace of every plan, and the schedule file of every valid plan.
 
 The Markdown table is built from the very rows written to JSON and CSV, with the formatters below, so the three
 always agree.
@@ -17,6 +17,7 @@ from planner.fileio import write_atomic
 from planner.report import plots
 from planner.report.compare import INVALID, VALID, Comparison
 from planner.report.trace import TraceRun, write_trace
+from planner.tensors import TensorView, tensor_view
 from planner.units import format_bytes, format_time_us
 
 # -- formatting, shared by the Markdown tables and the tests ----------------------------------------------------
@@ -205,6 +206,64 @@ def sweep_markdown(sweep: dict) -> str:
     return head + "\n\n" + sweep_table(sweep) + "\n"
 
 
+# -- tensors that move -----------------------------------------------------------------------------------------
+
+TENSORS_CSV_COLUMNS = ["planner", "tensor", "kind", "layer", "bytes", "start_tier", "interval", "intervals", "tier",
+                       "leaves_after", "returns_before", "returns_next_step", "wraps", "leave_us", "return_us",
+                       "off_hbm_us", "freed_byte_s", "stall_us", "tensor_freed_byte_s", "tensor_stall_us",
+                       "moved_bytes"]
+# Moving tensors per planner in report.md; tensors.csv has them all.
+REPORT_TENSORS_TOP = 10
+
+
+def tensors_csv(views: dict[str, TensorView]) -> str:
+    """One row per interval off HBM of every moving tensor, per planner (a tensor that never leaves HBM, only
+    copied or starting elsewhere, gets one row without an interval); tensor-level totals repeat on each row."""
+    rows = []
+    for planner, view in views.items():
+        for m in view.moves:
+            d = m.to_dict()
+            base = {"planner": planner, "tensor": m.name, "kind": m.kind, "layer": m.layer, "bytes": m.bytes,
+                    "start_tier": m.start_tier, "intervals": len(m.intervals),
+                    "tensor_freed_byte_s": d["freed_byte_s"], "tensor_stall_us": d["stall_us"],
+                    "moved_bytes": sum(m.moved_bytes.values())}
+            if not m.intervals:
+                rows.append(base)
+            for j, iv in enumerate(m.intervals, start=1):
+                rows.append({**base, **iv.to_dict(), "interval": j, "freed_byte_s": iv.freed_byte_ns(m.bytes) / 1e9})
+    return to_csv(rows, TENSORS_CSV_COLUMNS)
+
+
+def tensors_markdown(views: dict[str, TensorView], top: int = REPORT_TENSORS_TOP) -> str:
+    """The report.md section on which tensors move and why, one subsection per planner that made a plan."""
+    from planner.summary import move_totals_rows, peak_rows, tensor_captions, tensor_move_rows
+
+    lines = ["## Which tensors move, and why", "",
+             f"Per planner, the {top} moving tensors (a Prefetch, Store or Detach of it in the plan, or it starts the "
+             "step off HBM) that free the most HBM bytes × time, each with its longest interval off HBM: the op "
+             "after which it leaves, the op before which it returns, and the compute stall its transfers cause; "
+             "then what is on HBM at its peak, and totals per tensor kind (and layer). Every moving tensor and "
+             "every interval: `tensors.csv`.", ""]
+    for planner, view in views.items():
+        caps = tensor_captions(view, top)
+        lines += [f"### {planner}", ""]
+        if view.moves:
+            lines += [f"**{caps['moves']}**", "", markdown_table(*tensor_move_rows(view, top)), ""]
+            if caps["moves_more"]:
+                lines += [caps["moves_more"], ""]
+        else:
+            lines += ["No tensor moves: every tensor stays on HBM.", ""]
+        lines += [f"**{caps['peak']}**", "", markdown_table(*peak_rows(view, top)), ""]
+        if caps["peak_more"]:
+            lines += [caps["peak_more"], ""]
+        if view.moves:
+            lines += [f"**{caps['by_kind']}**", "", markdown_table(*move_totals_rows(view.by_kind, "kind")), ""]
+            if any(t.key != "-" for t in view.by_layer):
+                lines += [f"**{caps['by_layer']}**", "", markdown_table(*move_totals_rows(view.by_layer, "layer")),
+                          ""]
+    return "\n".join(lines)
+
+
 # -- the report -------------------------------------------------------------------------------------------------
 
 
@@ -240,17 +299,23 @@ def write_report(out_dir: str | Path, cmp: Comparison, sweeps: list[dict] | None
                 p = out / "schedules" / f"{cmp.graph.name}.{n}.schedule.json"
                 write_schedule(p, cmp.graph, cmp.hw, r.plan, r.timeline)
                 files.append(p)
+    views = {n: tensor_view(cmp.graph, r.plan, r.timeline) for n, r in cmp.runs.items()
+             if r.plan is not None and r.timeline is not None and r.timeline.steps}
+    if views:
+        write_atomic(out / "tensors.csv", tensors_csv(views))
+        files.append(out / "tensors.csv")
     sweep_parts = []
     for sw in sweeps or []:
         files += write_sweep(out, sw)
         sweep_parts.append(sweep_markdown(sw))
-    md = report_markdown(cmp, table, sweep_parts, command, [f.relative_to(out) for f in files])
+    md = report_markdown(cmp, table, sweep_parts, command, [f.relative_to(out) for f in files],
+                         tensors_markdown(views) if views else None)
     write_atomic(out / "report.md", md)
     return [out / "report.md", *files]
 
 
 def report_markdown(cmp: Comparison, table: str, sweep_parts: list[str], command: str | None,
-                    files: list[Path]) -> str:
+                    files: list[Path], tensors_part: str | None = None) -> str:
     g, hw = cmp.graph, cmp.hw
     info = cmp.to_dict()
     ref = info["no_offload"]
@@ -295,18 +360,22 @@ def report_markdown(cmp: Comparison, table: str, sweep_parts: list[str], command
     lines += ["", "## HBM occupancy", "",
               "Bytes on HBM over time, stacked by tensor kind; the dashed line is the budget.", "",
               "![HBM occupancy](hbm_occupancy.png)", ""]
+    if tensors_part:
+        lines += [tensors_part, ""]
     for part in sweep_parts:
         lines += [part, ""]
     lines += ["## Files", ""]
     desc = {"comparison.json": "the comparison rows, bounds, graph and hardware (machine units)",
             "comparison.csv": "the comparison rows, one per planner",
             "trace.json": "Perfetto / Chrome trace of every plan (open in https://ui.perfetto.dev)",
-            "hbm_occupancy.png": "HBM occupancy plot"}
+            "hbm_occupancy.png": "HBM occupancy plot",
+            "tensors.csv": "every tensor that moves, one row per interval off HBM, per planner"}
     for f in files:
         lines.append(f"- `{f}`" + (f": {desc[str(f)]}" if str(f) in desc else ""))
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["write_report", "write_sweep", "comparison_table", "sweep_table", "flat_row", "to_csv", "fmt_bytes",
+__all__ = ["write_report", "write_sweep", "comparison_table", "tensors_csv", "tensors_markdown",
+           "sweep_table", "flat_row", "to_csv", "fmt_bytes",
            "fmt_time", "fmt_pct", "fmt_share", "fmt_int", "fmt_seconds", "fmt_status", "table_columns",
            "sweep_markdown", "longest_table"]
