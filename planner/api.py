@@ -10,7 +10,12 @@
 from __future__ import annotations
 
 import inspect
+import json
+import math
+import re
 import time
+import types
+import typing
 from dataclasses import dataclass, replace
 
 from planner.bounds import hbm_floor, largest_working_set
@@ -22,11 +27,12 @@ from planner.hardware import HBM, Hardware, Tier, preset, with_overrides
 from planner.plan import Plan
 from planner.planners import get_planner, get_timed_planner
 from planner.planners.none import program_none
+from planner.planners.ordering import ORDERS
 from planner.timeline import Timeline
 
 __all__ = [
     "Result", "InfeasibleBudget", "load_graph", "hardware", "check_compatible", "plan", "no_offload_reference",
-    "largest_working_set",
+    "largest_working_set", "option_types", "check_options", "parse_planner_options", "OptionType",
 ]
 
 
@@ -73,16 +79,188 @@ def no_offload_reference(graph: Graph, hw: Hardware) -> Timeline:
     return simulate(graph, big, program_none(graph, big))
 
 
-def check_options(fn, name: str, options: dict) -> None:
-    """Raise InputError naming an option that planner ``name`` does not take."""
+# Options the CLI passes to a planner for its own plumbing: neither a user's to give (-O) nor a plan's to record.
+INTERNAL_OPTIONS = frozenset({"progress", "wall_budget"})
+
+# Text options with a fixed set of values, by option name (the same name means the same thing in every planner).
+CHOICES: dict[str, tuple[str, ...]] = {
+    "order": ORDERS,
+    "objective": ("makespan", "peak"),
+    "start": ("auto", "greedy", "greedy-sweep", "reactive", "none"),
+}
+
+# Options a planner records in its plan beyond those it takes: greedy-sweep records the greedy settings it chose.
+RECORDED: dict[str, dict[str, type]] = {
+    "greedy-sweep": {"select_distance": int, "select_num": int, "prefetch_distance": int, "release_distance": int,
+                     "sweep": bool},
+}
+
+# Lower limits of numeric options, (limit, whether the limit itself is allowed): a negative distance or a zero time
+# limit parses but means nothing.
+MINIMUM: dict[str, tuple[float, bool]] = {
+    "select_distance": (0, True), "select_num": (0, True), "prefetch_distance": (0, True),
+    "release_distance": (0, True), "lookahead": (0, True), "seed": (0, True), "workers": (1, True),
+    "time_limit": (0, False), "makespan_limit_us": (0, False), "whole_max_ops": (1, True), "window_ops": (1, True),
+    "finalists": (1, True), "max_orders": (1, True),
+}
+GREEDY_SETTINGS = ("select_distance", "select_num", "prefetch_distance", "release_distance")
+
+_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
+_KINDS: dict[str, type] = {"int": int, "float": float, "bool": bool, "str": str, "dict": dict}
+_KIND_NAMES = {int: "a whole number", float: "a number", bool: "true or false (also 1/0, yes/no)", str: "text",
+               dict: "a JSON object"}
+
+
+@dataclass(frozen=True)
+class OptionType:
+    """The declared type of one planner option: ``kind`` (int, float, bool, str, dict; None: not settable as
+    text, like a callback), whether ``None`` is a value, and for text the values it may take."""
+
+    kind: type | None
+    optional: bool = False
+    choices: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        if self.choices:
+            return "one of " + ", ".join(self.choices)
+        return _KIND_NAMES.get(self.kind, "a Python value") + (" or none" if self.optional else "")
+
+
+def _option_type(param: inspect.Parameter) -> OptionType:
+    """The type of a planner parameter, from its annotation (text under ``from __future__ import annotations``,
+    or a real type), else from its default."""
+    ann = param.annotation
+    names: list[object]
+    if ann is inspect.Parameter.empty:
+        names = [type(param.default)] if param.default not in (inspect.Parameter.empty, None) else []
+    elif isinstance(ann, str):
+        names = [part.strip().split("[")[0] for part in ann.split("|")]
+    else:
+        args = typing.get_args(ann) if typing.get_origin(ann) in (typing.Union, types.UnionType) else (ann,)
+        names = [typing.get_origin(a) or a for a in args]
+    optional = any(n in ("None", type(None)) for n in names) or param.default is None
+    kinds = [_KINDS.get(n) if isinstance(n, str) else n for n in names if n not in ("None", type(None))]
+    kind = kinds[0] if len(kinds) == 1 and kinds[0] in _KIND_NAMES else None
+    return OptionType(kind, optional, CHOICES.get(param.name, ()) if kind is str else ())
+
+
+def option_types(name: str) -> dict[str, OptionType]:
+    """Planner ``name``'s options and their types, from its function's signature (after graph and hardware).
+
+    Raises InputError for an unknown planner.
+    """
+    params = list(inspect.signature(get_planner(name)).parameters.values())[2:]
+    return {p.name: _option_type(p) for p in params if p.kind is not inspect.Parameter.VAR_KEYWORD}
+
+
+def parse_option(value: object, spec: OptionType, source: str, item: str) -> object:
+    """``value`` as ``spec``'s type: text is parsed (``-O select_num=8``, ``offsets=no``); other values (the Python
+    API, a schedule file's JSON) must already be of the type. Raises InputError saying what was expected."""
+    def bad() -> InputError:
+        return InputError(source, item, f"{value!r} is not {spec.describe()}")
+
+    if spec.kind is None:
+        if isinstance(value, str):
+            raise InputError(source, item, "cannot be given as text")
+        return value
+    if value is None or (isinstance(value, str) and spec.kind is not str and value.strip().lower() in ("none", "null")):
+        if spec.optional:
+            return None
+        raise bad()
+    if isinstance(value, str) and spec.kind is not str:
+        text = value.strip()
+        if spec.kind is bool:
+            if text.lower() in _TRUE + _FALSE:
+                return text.lower() in _TRUE
+            raise bad()
+        if spec.kind is int:
+            # int() alone would take "1_000" and float() would truncate "1.5": whole numbers only.
+            if not re.fullmatch(r"[+-]?[0-9]+", text):
+                raise bad()
+            return int(text)
+        if spec.kind is float:
+            try:
+                number = float(text)
+            except ValueError:
+                raise bad() from None
+            if not math.isfinite(number):
+                raise bad()
+            return number
+        if spec.kind is dict:
+            try:
+                parsed = json.loads(text)
+            except json.JSONDecodeError:
+                raise bad() from None
+            if not isinstance(parsed, dict):
+                raise bad()
+            return parsed
+    if spec.kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, bool) is not (spec.kind is bool) or not isinstance(value, spec.kind):
+        raise bad()
+    if isinstance(value, float) and not math.isfinite(value):
+        raise bad()
+    if spec.choices and value not in spec.choices:
+        raise bad()
+    return value
+
+
+def check_options(fn, name: str, options: dict, source: str = "command line", item: str = "--planner-option",
+                  recorded: bool = False) -> dict:
+    """Return ``options`` parsed to planner ``name``'s declared types (``option_types``).
+
+    Raises InputError naming an option the planner does not take or a value not of its type. ``fn`` is the
+    planner function (kept for callers of the old signature; the types come from ``name``'s). ``recorded``: the
+    options a plan recorded (a schedule file's), which may hold what the planner records beyond its parameters
+    (``RECORDED``) and never the CLI's plumbing (``INTERNAL_OPTIONS``).
+    """
     params = inspect.signature(fn).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return
-    takes = [p for p in list(params)[2:]]
-    for key in options:
-        if key not in takes:
-            raise InputError("command line", "--planner-option",
+        return dict(options)
+    declared = option_types(name)
+    if recorded:
+        declared = {k: v for k, v in declared.items() if k not in INTERNAL_OPTIONS}
+        declared.update({k: OptionType(t) for k, t in RECORDED.get(name, {}).items()})
+    out = {}
+    for key, value in options.items():
+        where = f"{item}{key}" if item.endswith(".") else f"{item} {key}"  # "-O cpsat." + key, "-O" + " " + key
+        if key not in declared:
+            takes = [k for k in declared if k not in INTERNAL_OPTIONS]
+            raise InputError(source, where,
                              f"planner {name!r} takes no option {key!r} (it takes: {', '.join(takes) or 'none'})")
+        if key in INTERNAL_OPTIONS:
+            out[key] = value  # the CLI's own values, not text
+            continue
+        out[key] = _check_value(key, parse_option(value, declared[key], source, where), source, where)
+    return out
+
+
+def _check_value(key: str, value: object, source: str, item: str) -> object:
+    """Limits the types do not say: ``MINIMUM``, and greedy-sweep's ``grid`` (setting -> whole numbers)."""
+    if key in MINIMUM and isinstance(value, (int, float)) and not isinstance(value, bool):
+        limit, inclusive = MINIMUM[key]
+        if value < limit or (value == limit and not inclusive):
+            raise InputError(source, item, f"{value!r} must be {'at least' if inclusive else 'above'} {limit}")
+    if key == "grid" and isinstance(value, dict):
+        for k, v in value.items():
+            ok = isinstance(v, (list, tuple)) and v and all(
+                isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)
+            if k not in GREEDY_SETTINGS or not ok:
+                raise InputError(source, item, f"{k!r}: a grid maps {', '.join(GREEDY_SETTINGS)} to lists of "
+                                               "whole numbers >= 0")
+        return {k: tuple(v) for k, v in value.items()}
+    return value
+
+
+def parse_planner_options(name: str, text: dict[str, str], source: str = "command line",
+                          item: str = "-O") -> dict:
+    """Command-line ``-O KEY=VALUE`` text for planner ``name``, parsed to its declared types; the CLI's plumbing
+    options (``INTERNAL_OPTIONS``) cannot be given this way."""
+    for key in text:
+        if key in INTERNAL_OPTIONS:
+            where = f"{item}{key}" if item.endswith(".") else f"{item} {key}"
+            raise InputError(source, where, "is set by ho-plan itself, not an option to give")
+    return check_options(get_planner(name), name, text, source, item)
 
 
 def plan(graph: Graph, hw: Hardware, planner: str = "none", source: str = "<graph>",
@@ -99,7 +277,7 @@ def plan(graph: Graph, hw: Hardware, planner: str = "none", source: str = "<grap
     """
     check_compatible(graph, hw, source)
     fn = get_planner(planner)
-    check_options(fn, planner, options)
+    options = check_options(fn, planner, options)
     minimum, reason = hbm_floor(graph)
     if hw.hbm_bytes < minimum:
         raise InfeasibleBudget(hw.hbm_bytes, minimum, reason)
@@ -113,4 +291,9 @@ def plan(graph: Graph, hw: Hardware, planner: str = "none", source: str = "<grap
         p = fn(graph, hw, **options)
         runtime = time.perf_counter() - t0
         timeline = simulate(graph, hw, p)
+    # The plan records the options it was given, parsed (offsets=False from "-O offsets=no"), where the planner
+    # did not record them itself; what it recorded wins (greedy's order says which order "auto" chose).
+    given = {k: v for k, v in options.items() if k not in INTERNAL_OPTIONS and k not in p.options}
+    if given:
+        p = replace(p, options={**p.options, **given})
     return Result(p, timeline, runtime, reference if reference is not None else no_offload_reference(graph, hw))

@@ -16,6 +16,24 @@ class InputError(ValueError):
         super().__init__(f"{source}: {item}: {message}")
 
 
+class InputErrors(InputError):
+    """Several things wrong with one input (a schedule file's tensor table, say), reported together: the CLI prints
+    one line per error (``lines()``) and exits 2, so that a user fixes them in one pass.
+
+    Behaves as the first error for code that only knows InputError.
+    """
+
+    def __init__(self, errors: list[InputError]) -> None:
+        if not errors:
+            raise ValueError("InputErrors needs at least one error")
+        self.errors = list(errors)
+        first = self.errors[0]
+        super().__init__(first.source, first.item, first.message)
+
+    def lines(self) -> list[str]:
+        return [str(e) for e in self.errors]
+
+
 class InfeasibleBudget(Exception):
     """The HBM budget is below what any plan can reach; ``reason`` names the bound (planner.bounds.hbm_floor)."""
 

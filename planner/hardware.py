@@ -7,6 +7,8 @@ tier; a link with several channels carries that many transfers at once.
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import asdict, dataclass, field, replace
 
 from planner.errors import InputError
@@ -88,23 +90,36 @@ class Hardware:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict, source: str = "<hardware>") -> Hardware:
-        try:
-            return cls(
-                name=d["name"],
-                tiers=tuple(Tier(**t) for t in d["tiers"]),
-                links=tuple(Link(**ln) for ln in d["links"]),
-                peak_flops=float(d["peak_flops"]),
-                hbm_bandwidth_Bps=float(d["hbm_bandwidth_Bps"]),
-                launch_overhead_s=float(d.get("launch_overhead_s", 0.0)),
-                sources=dict(d.get("sources", {})),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise InputError(source, "hardware", f"malformed hardware spec ({exc})") from None
+    def from_dict(cls, d: object, source: str = "<hardware>", item: str = "hardware") -> Hardware:
+        """The Hardware of a ``to_dict`` document (a schedule's ``hardware``, a ``--hardware FILE.json``).
+
+        Strict: an unknown or missing field, or a value of the wrong type, is an InputError naming it
+        (``hardware.links[1].latency_s``), so that an edited or mistyped spec is never half read.
+        """
+        top = _fields(d, item, source, _HARDWARE_FIELDS)
+        tiers = [_fields(t, f"{item}.tiers[{i}]", source, _TIER_FIELDS) for i, t in enumerate(top["tiers"])]
+        links = [_fields(ln, f"{item}.links[{i}]", source, _LINK_FIELDS) for i, ln in enumerate(top["links"])]
+        sources = top.get("sources", {})
+        for k, v in sources.items():
+            if not isinstance(v, str):
+                raise InputError(source, f"{item}.sources.{k}", f"must be text, not {v!r}")
+        return cls(
+            name=top["name"],
+            tiers=tuple(Tier(t["name"], t["capacity_bytes"]) for t in tiers),
+            links=tuple(Link(ln["name"], ln["src"], ln["dst"], float(ln["bandwidth_Bps"]),
+                             float(ln.get("latency_s", 0.0)), ln.get("channels", 1)) for ln in links),
+            peak_flops=float(top["peak_flops"]),
+            hbm_bandwidth_Bps=float(top["hbm_bandwidth_Bps"]),
+            launch_overhead_s=float(top.get("launch_overhead_s", 0.0)),
+            sources=dict(sources),
+        )
 
     def validate(self, source: str = "<hardware>") -> Hardware:
         """Return self after checking names, capacities and that every remote tier has both links."""
         names = [t.name for t in self.tiers]
+        link_names = [ln.name for ln in self.links]
+        if len(set(link_names)) != len(link_names):
+            raise InputError(source, "hardware", "link names repeat")
         if HBM not in names:
             raise InputError(source, "hardware", "no 'hbm' tier")
         if len(set(names)) != len(names):
@@ -216,13 +231,70 @@ PRESETS: dict[str, Hardware] = {
 DEFAULT_PRESET = "ascend-910c"
 
 
+# Field -> (accepted types, required) of the documents ``Hardware.to_dict`` writes. bool is refused where int or
+# float is meant (JSON ``true`` is not a capacity).
+_NUMBER = (int, float)
+_HARDWARE_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
+    "name": ((str,), True), "tiers": ((list,), True), "links": ((list,), True), "peak_flops": (_NUMBER, True),
+    "hbm_bandwidth_Bps": (_NUMBER, True), "launch_overhead_s": (_NUMBER, False), "sources": ((dict,), False),
+}
+_TIER_FIELDS = {"name": ((str,), True), "capacity_bytes": ((int,), True)}
+_LINK_FIELDS = {
+    "name": ((str,), True), "src": ((str,), True), "dst": ((str,), True), "bandwidth_Bps": (_NUMBER, True),
+    "latency_s": (_NUMBER, False), "channels": ((int,), False),
+}
+_TYPE_NAMES = {str: "text", list: "a list", dict: "an object", int: "a whole number", float: "a number"}
+
+
+def _fields(d: object, item: str, source: str, spec: dict[str, tuple[tuple[type, ...], bool]]) -> dict:
+    """``d`` checked against ``spec``: an object with only known fields, the required ones, each of its type."""
+    if not isinstance(d, dict):
+        raise InputError(source, item, f"must be an object with {', '.join(spec)}")
+    for key in d:
+        if key not in spec:
+            raise InputError(source, f"{item}.{key}", f"unknown field (known: {', '.join(spec)})")
+    for key, (types, required) in spec.items():
+        if key not in d:
+            if required:
+                raise InputError(source, f"{item}.{key}", "missing")
+            continue
+        v = d[key]
+        if isinstance(v, bool) or not isinstance(v, types):
+            raise InputError(source, f"{item}.{key}", f"must be {_TYPE_NAMES[types[-1]]}, not {v!r}")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise InputError(source, f"{item}.{key}", f"must be finite, not {v!r}")
+    return d
+
+
+def load_spec(path: str) -> Hardware:
+    """The Hardware of a JSON file: a ``Hardware.to_dict`` object, or a ``ho-schedule/1`` file (its ``hardware``).
+
+    Raises InputError naming the file for a missing file, bad JSON, or a malformed or inconsistent spec.
+    """
+    from planner.formats import read_json  # here: planner.formats imports the graph, which need not load with this
+
+    doc = read_json(path)
+    if isinstance(doc, dict) and str(doc.get("format", "")).startswith("ho-schedule/"):
+        return Hardware.from_dict(doc.get("hardware"), path).validate(path)
+    return Hardware.from_dict(doc, path, item="hardware").validate(path)
+
+
+def is_spec_path(name: str) -> bool:
+    """Whether ``--hardware NAME`` names a file rather than a preset: a JSON file name or an existing path."""
+    return name not in PRESETS and (name.endswith(".json") or "/" in name or os.path.exists(name))
+
+
 def preset(name: str) -> Hardware:
-    """Return the named preset; raise InputError listing the known names."""
+    """Return the named preset, or the spec in the JSON file ``name`` (``load_spec``); raise InputError listing the
+    known names."""
+    if is_spec_path(name):
+        return load_spec(name)
     try:
         return PRESETS[name]
     except KeyError:
         known = ", ".join(PRESETS)
-    raise InputError("command line", "--hardware", f"unknown preset {name!r} (known: {known})") from None
+    raise InputError("command line", "--hardware",
+                     f"unknown preset {name!r} (known: {known}; or a hardware spec file, NAME.json)") from None
 
 
 def with_overrides(

@@ -3,6 +3,11 @@
 Shown by the main job's summary (``--json`` too) and written into schedule files, so that a plan can be judged
 without re-running anything: ``gap_vs_bound`` is (makespan - bound) / bound against a bound that holds for every
 plan on the hardware at its budget (``planner/bounds.py``), so the plan is at most that far from optimal.
+
+For cpsat plans, ``SolverOutcome`` says how the search ended (``solver_outcome``): whether the plan is proven
+optimal, a solution CP-SAT found, or the starting plan it fell back to; why the search stopped; and the bound and
+gap CP-SAT proved for its own (scaled) model. It is part of ``Quality`` (``solver`` in ``--json`` and in the
+schedule file's ``quality``).
 """
 
 from __future__ import annotations
@@ -18,6 +23,110 @@ from planner.timeline import Timeline
 # What each planner proves about its plan when it says nothing more (cpsat and exact say more, see ``proof``).
 HEURISTIC = "heuristic"
 
+# Why cpsat's search stopped (``Plan.stats["cpsat"]["stop"]``), and how the summary and report say it.
+STOP_REASONS = {
+    "optimal": "CP-SAT proved its model's optimum",
+    "compute_bound": "the plan runs at the compute bound (optimal over every plan)",
+    "time_limit": "time limit",
+    "no_improvement": "no improvement left to find (every window tried)",
+    "interrupted": "interrupted (Ctrl-C)",
+    "no_time": "no time for the search after the starting plan",
+    "failed": "the solver failed",
+    "infeasible": "infeasible",
+}
+
+
+@dataclass(frozen=True)
+class SolverOutcome:
+    """How cpsat's search ended. ``status``: ``optimal`` (proven: over every plan by the exact search or the compute
+    bound, or CP-SAT proved its model's optimum and this is that solution), ``feasible`` (a solution CP-SAT found,
+    not proven optimal) or ``fallback`` (the starting plan: the search found nothing better or nothing valid).
+    The model bound and gap are CP-SAT's for its scaled model (whole models only): not a bound for every plan."""
+
+    status: str
+    stop_reason: str  # a key of STOP_REASONS
+    plan_from: str  # cpsat, the exact search, or the starting planner (greedy, reactive, none, ...)
+    model: str  # whole, lns or none
+    cp_sat_status: str | None  # CP-SAT's own: OPTIMAL, FEASIBLE, UNKNOWN, ...; LNS for the window search
+    objective_us: float | None  # CP-SAT's best objective as a makespan (its scaled model)
+    model_bound_us: float | None
+    model_gap: float | None  # (objective - bound) / bound, in the model
+    windows: int | None  # LNS windows solved, and accepted
+    windows_accepted: int | None
+
+    @property
+    def interrupted(self) -> bool:
+        return self.stop_reason == "interrupted"
+
+    def to_dict(self) -> dict:
+        """JSON-ready, with no wall-clock figure (schedule files stay byte-identical for the same input)."""
+        return {"status": self.status, "stop_reason": self.stop_reason, "plan_from": self.plan_from,
+                "model": self.model, "cp_sat_status": self.cp_sat_status,
+                "objective_us": _round(self.objective_us, 3), "model_bound_us": _round(self.model_bound_us, 3),
+                "model_gap": _round(self.model_gap, 6), "windows": self.windows,
+                "windows_accepted": self.windows_accepted}
+
+    def describe(self) -> str:
+        """One line: ``feasible · stopped: time limit · CP-SAT's bound on its scaled model 61.4 ms (gap 79.5%)``."""
+        head = self.status if self.status != "fallback" else f"fallback to the starting plan ({self.plan_from})"
+        if self.status == "optimal" and self.plan_from != "cpsat":
+            head += f" ({self.plan_from}'s plan)"
+        parts = [head, "stopped: " + STOP_REASONS.get(self.stop_reason, self.stop_reason)]
+        if self.model_bound_us is not None:
+            gap_text = "" if self.model_gap is None else f" (gap {self.model_gap:.2%})"
+            parts.append(f"CP-SAT's bound on its scaled model {self.model_bound_us / 1000:.3f} ms{gap_text}")
+        if self.windows is not None:
+            parts.append(f"{self.windows} windows, {self.windows_accepted} accepted")
+        return " · ".join(parts)
+
+
+def _round(v: float | None, digits: int) -> float | None:
+    return None if v is None else round(float(v), digits)
+
+
+def solver_outcome(plan: Plan) -> SolverOutcome | None:
+    """The outcome of cpsat's search, from ``plan.stats["cpsat"]``; None for a plan cpsat did not make."""
+    st = plan.stats.get("cpsat") if isinstance(plan.stats, dict) else None
+    if not isinstance(st, dict):
+        return None
+    returned = st.get("returned", "cpsat")
+    plan_from = {"start": st.get("start_planner", "start"), "exact": "exact"}.get(returned, "cpsat")
+    # The compute bound and the exact optimum are makespans: they prove nothing about the peak objective.
+    makespan_objective = plan.options.get("objective", "makespan") == "makespan"
+    if (makespan_objective and _proven_every_plan(st)) or _proven_in_model(st):
+        status = "optimal"
+    elif returned == "start":
+        status = "fallback"
+    else:
+        status = "feasible"
+    stop = st.get("stop") or ("optimal" if st.get("status") == "OPTIMAL" else "time_limit")
+    bound, objective = st.get("model_bound_us"), st.get("objective_us")
+    model_gap = None
+    if st.get("model") == "whole" and bound and objective is not None:
+        model_gap = max(0.0, (objective - bound) / bound)
+    lns = st.get("lns") if isinstance(st.get("lns"), dict) else None
+    return SolverOutcome(status, str(stop), str(plan_from), str(st.get("model", "none")), st.get("status"),
+                         objective, bound if st.get("model") == "whole" else None, model_gap,
+                         lns["windows"] if lns else None, lns["accepted"] if lns else None)
+
+
+def _proven_every_plan(st: dict) -> bool:
+    """The plan is optimal over every plan: at the exact search's proven optimum, or at the compute bound."""
+    ms = st.get("makespan_us")
+    if ms is None:
+        return False
+    exact, compute = st.get("exact_optimum_us"), st.get("compute_us")
+    return (exact is not None and ms <= exact) or (compute is not None and ms <= compute)
+
+
+def _proven_in_model(st: dict) -> bool:
+    """CP-SAT proved its model's optimum, and the plan returned is that solution (not the start it did not beat,
+    nor a slower solution taken for its static offsets) and runs no slower than the model's optimum says."""
+    if not st.get("optimal") or st.get("returned", "cpsat") == "start" or st.get("slower_solution_placed"):
+        return False
+    ms, objective = st.get("makespan_us"), st.get("objective_us")
+    return ms is None or objective is None or ms <= objective + 1e-6
+
 
 @dataclass(frozen=True)
 class Quality:
@@ -25,11 +134,15 @@ class Quality:
     bound_reason: str
     gap_vs_bound: float | None  # (makespan - bound) / bound
     proof: str  # see ``proof``
+    solver: SolverOutcome | None = None  # cpsat's: how its search ended
 
     def to_dict(self) -> dict:
-        return {"lower_bound_us": round(self.bound_ns / 1000, 3), "lower_bound_reason": self.bound_reason,
-                "gap_vs_bound": None if self.gap_vs_bound is None else round(self.gap_vs_bound, 6),
-                "proof": self.proof}
+        d = {"lower_bound_us": round(self.bound_ns / 1000, 3), "lower_bound_reason": self.bound_reason,
+             "gap_vs_bound": None if self.gap_vs_bound is None else round(self.gap_vs_bound, 6),
+             "proof": self.proof}
+        if self.solver is not None:
+            d["solver"] = self.solver.to_dict()
+        return d
 
 
 def proof(plan: Plan) -> str:
@@ -42,10 +155,10 @@ def proof(plan: Plan) -> str:
         return "optimal" if plan.status == "optimal" else "feasible"
     cp = plan.stats.get("cpsat")
     if isinstance(cp, dict):
-        proven = cp.get("exact_optimum_us")
-        if proven is not None and cp.get("makespan_us") is not None and cp["makespan_us"] <= proven:
+        if _proven_every_plan(cp):
             return "optimal"
-        return "model-optimal" if cp.get("optimal") else "feasible"
+        # A starting plan CP-SAT proved no faster solution than (in its model) is model-optimal too.
+        return "model-optimal" if cp.get("optimal") and not cp.get("slower_solution_placed") else "feasible"
     return HEURISTIC
 
 
@@ -59,7 +172,7 @@ def plan_quality(graph: Graph, hw: Hardware, plan: Plan, timeline: Timeline) -> 
         b = makespan_bound(graph, hw)
         value, reason = float(b.value), b.reason
     measured = gap(timeline.metrics.makespan_ns, value) if timeline.valid else None
-    return Quality(value, reason, measured, proof(plan))
+    return Quality(value, reason, measured, proof(plan), solver_outcome(plan))
 
 
-__all__ = ["HEURISTIC", "Quality", "plan_quality", "proof"]
+__all__ = ["HEURISTIC", "STOP_REASONS", "Quality", "SolverOutcome", "plan_quality", "proof", "solver_outcome"]

@@ -9,13 +9,13 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner.errors import InputError
+from planner.errors import InputError, InputErrors
 from planner.executor import simulate
 from planner.fileio import write_atomic
 from planner.graph import Graph
 from planner.hardware import Hardware
 from planner.placement import HOMES_KEY, apply_homes
-from planner.plan import Plan, Step, StepKind
+from planner.plan import COMPUTE, Plan, Step, StepKind
 from planner.timeline import Timeline
 
 FORMAT = "ho-schedule/1"
@@ -51,11 +51,7 @@ def schedule_to_dict(graph: Graph, hw: Hardware, plan: Plan, timeline: Timeline)
         "valid": timeline.valid,
         "violations": [v.describe() for v in timeline.violations],
         "metrics": timeline.metrics.to_dict(),
-        "tensors": [
-            {"name": t.name, "bytes": t.bytes, "kind": t.kind.value,
-             "home": None if t.name in graph.producer else t.home}
-            for t in graph.tensors.values()
-        ],
+        "tensors": tensor_table(graph),
         # Where each tensor no op produces starts the step, and must be again when it ends (steady state).
         "placement": [{"tensor": k, "tier": v} for k, v in sorted(plan.placement.items())],
         "program": program,
@@ -65,6 +61,14 @@ def schedule_to_dict(graph: Graph, hw: Hardware, plan: Plan, timeline: Timeline)
         # Static HBM offsets, one entry per allocation name (a list when the name is resident several times).
         doc["offsets"] = [{"name": k, "offset": v} for k, v in sorted(plan.offsets.items())]
     return doc
+
+
+def tensor_table(graph: Graph) -> list[dict]:
+    """The schedule's tensor table: name, bytes, kind, and the home tier of each tensor no op produces."""
+    return [
+        {"name": t.name, "bytes": t.bytes, "kind": t.kind.value, "home": None if t.name in graph.producer else t.home}
+        for t in graph.tensors.values()
+    ]
 
 
 def dumps_schedule(doc: dict) -> str:
@@ -126,8 +130,132 @@ def plan_from_dict(doc: dict, source: str) -> Plan:
                     tuple(p.get("notes", ())), offsets=offsets, placement=placement)
     except InputError:
         raise
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise InputError(source, "program", f"malformed schedule ({type(exc).__name__}: {exc})") from None
+
+
+# Problems listed per schedule file; a table edited throughout would otherwise print thousands of lines.
+MAX_ERRORS = 20
+
+
+def _check_against_graph(doc: dict, graph: Graph, hw: Hardware, source: str) -> list[InputError]:
+    """The file's graph counts, tensor table and planner options against the graph and the planners, and the
+    graph's pinned homes against the file's hardware: one error per difference."""
+    from planner import api  # here: api imports every planner, which validation needs only for this check
+
+    errors: list[InputError] = []
+    for key, n in (("ops", len(graph.ops)), ("tensors", len(graph.tensors))):
+        recorded = doc["graph"].get(key, n)
+        if recorded != n:
+            errors.append(InputError(source, f"graph.{key}", f"file says {recorded!r}, the graph has {n}"))
+    table = doc.get("tensors")
+    if not isinstance(table, list):
+        errors.append(InputError(source, "tensors", "missing or not a list of tensors"))
+        table = []
+    expected = {e["name"]: e for e in tensor_table(graph)}
+    seen: set[str] = set()
+    for i, e in enumerate(table):
+        name = e.get("name") if isinstance(e, dict) else None
+        if not isinstance(name, str):
+            errors.append(InputError(source, f"tensors[{i}]", "needs a tensor name"))
+            continue
+        if name not in expected:
+            errors.append(InputError(source, f"tensors[{i}]", f"tensor {name!r} is not in the graph"))
+            continue
+        if name in seen:
+            errors.append(InputError(source, f"tensors[{i}]", f"tensor {name!r} is listed twice"))
+        seen.add(name)
+        for key, want in expected[name].items():
+            if key not in e or e[key] != want or isinstance(e[key], bool) is not isinstance(want, bool):
+                errors.append(InputError(source, f"tensors[{i}] {name!r}",
+                                         f"{key} is {e.get(key)!r} in the file, {want!r} in the graph"))
+        for key in sorted(set(e) - set(expected[name])):
+            errors.append(InputError(source, f"tensors[{i}] {name!r}", f"unknown field {key!r}"))
+    missing = [n for n in expected if n not in seen]
+    if missing:
+        errors.append(InputError(source, "tensors", f"{len(missing)} tensors of the graph are missing, e.g. "
+                                                   f"{', '.join(repr(n) for n in missing[:3])}"))
+    tiers = {t.name for t in hw.tiers}
+    for t in graph.tensors.values():
+        if t.name not in graph.producer and t.pinned and t.home not in tiers:
+            errors.append(InputError(source, "hardware", f"has no tier {t.home!r}, the home of tensor {t.name!r} "
+                                                         f"(tiers: {', '.join(sorted(tiers))})"))
+    planner = doc.get("planner")
+    if not isinstance(planner, dict) or not isinstance(planner.get("name"), str):
+        errors.append(InputError(source, "planner", "needs a name and options"))
+    else:
+        options = planner.get("options", {})
+        try:
+            if not isinstance(options, dict):
+                raise InputError(source, "planner.options", "must be an object")
+            fn = api.get_planner(planner["name"])
+            api.check_options(fn, planner["name"], options, source, "planner.options", recorded=True)
+        except InputError as exc:
+            # get_planner names the command line; here the file is wrong.
+            errors.append(InputError(source, "planner" if exc.item == "--planner" else exc.item, exc.message))
+    return errors
+
+
+def hardware_mismatches(recorded: Hardware, expected: Hardware, source: str) -> list[InputError]:
+    """One error per field in which the file's hardware differs from ``expected`` (``sources`` aside: text)."""
+    a, b = recorded.to_dict(), expected.to_dict()
+    errors = []
+    for key in ("name", "peak_flops", "hbm_bandwidth_Bps", "launch_overhead_s"):
+        if a[key] != b[key]:
+            errors.append(InputError(source, f"hardware.{key}", f"file says {a[key]!r}, expected {b[key]!r}"))
+    for group in ("tiers", "links"):
+        mine, theirs = {e["name"]: e for e in a[group]}, {e["name"]: e for e in b[group]}
+        for name in sorted(set(mine) | set(theirs)):
+            if name not in theirs or name not in mine:
+                where = "file" if name in mine else "expected hardware"
+                errors.append(InputError(source, f"hardware.{group}", f"{name!r} is only in the {where}"))
+                continue
+            for key, want in theirs[name].items():
+                if mine[name][key] != want:
+                    errors.append(InputError(source, f"hardware.{group} {name!r}",
+                                             f"{key}: file says {mine[name][key]!r}, expected {want!r}"))
+    return errors
+
+
+def _check_plan(plan: Plan, graph: Graph, hw: Hardware, source: str) -> list[InputError]:
+    """Every name the program, placement and offsets use is the graph's or the hardware's, and every wait is on
+    an earlier step. (What the names do, the executor judges: its violations.)"""
+    errors: list[InputError] = []
+    ops, streams = graph.op_index, {COMPUTE} | {ln.name for ln in hw.links}
+    for i, st in enumerate(plan.steps):
+        where = f"program[{i}]"
+        if st.kind is StepKind.COMPUTE and st.target not in ops:
+            errors.append(InputError(source, where, f"node {st.target!r} is not an op of the graph"))
+        elif st.kind is not StepKind.COMPUTE and st.target not in graph.tensors:
+            errors.append(InputError(source, where, f"tensor {st.target!r} is not in the graph"))
+        if st.stream not in streams:
+            errors.append(InputError(source, where, f"stream {st.stream!r} is not compute or a link of the hardware "
+                                                    f"({', '.join(sorted(streams - {COMPUTE}))})"))
+        late = [w for w in st.waits if not 0 <= w < i]
+        if late:
+            errors.append(InputError(source, where, f"waits for step {late[0]}, not an earlier step"))
+    tiers = {t.name for t in hw.tiers}
+    for name, tier in plan.placement.items():
+        t = graph.tensors.get(name)
+        if t is None or name in graph.producer:
+            errors.append(InputError(source, "placement", f"{name!r} is not a tensor of the graph that no op "
+                                                          "produces"))
+        elif tier not in tiers:
+            errors.append(InputError(source, "placement", f"{name!r}: the hardware has no tier {tier!r}"))
+        elif t.pinned and tier != t.home:
+            errors.append(InputError(source, "placement", f"{name!r} is pinned to {t.home!r} by the graph, not "
+                                                          f"{tier!r}"))
+    if plan.placement:
+        left_out = [n for n in graph.free_tensors if n not in plan.placement]
+        if left_out:
+            errors.append(InputError(source, "placement", f"leaves out {len(left_out)} tensors whose tier the "
+                                                          f"planner chooses, e.g. {left_out[0]!r}"))
+    for name in plan.offsets:
+        ws = name.removeprefix("workspace:")
+        if name not in graph.tensors and not (name.startswith("workspace:") and ws in ops):
+            errors.append(InputError(source, "offsets", f"{name!r} is not a tensor of the graph or an op's "
+                                                        "workspace"))
+    return errors
 
 
 @dataclass(frozen=True)
@@ -140,13 +268,20 @@ class ValidationReport:
         return self.timeline.valid and not self.mismatches
 
 
-def validate_schedule(doc: dict, graph: Graph, source: str) -> ValidationReport:
+def validate_schedule(doc: dict, graph: Graph, source: str, hardware: Hardware | None = None) -> ValidationReport:
     """Re-run the executor on the schedule's program and hardware and compare with what the file records.
 
-    Raises InputError when the schedule is not ``ho-schedule/1`` or was made for another graph.
+    Raises InputError when the schedule is not ``ho-schedule/1`` or was made for another graph, and InputErrors
+    (one per problem) when what the file says does not fit the graph or its own hardware: its tensor table, its
+    hardware spec, its planner options, its placement, offsets or program naming what is not there. Those are a
+    malformed or edited file (bad input); violations and timeline differences are in the report (no valid plan).
+    ``hardware``: the hardware the plan must be for (``ho-plan validate --hardware ...``); every field of the
+    file's that differs is an error.
     """
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise InputError(source, "format", f"not a {FORMAT} file")
+    if not isinstance(doc.get("graph"), dict):
+        raise InputError(source, "graph", "missing or not an object (name, sha256, ops, tensors)")
     homes = doc.get("graph", {}).get("homes")
     if homes and not graph.metadata.get(HOMES_KEY):
         if not isinstance(homes, dict):
@@ -159,8 +294,17 @@ def validate_schedule(doc: dict, graph: Graph, source: str) -> ValidationReport:
             f"schedule was made for graph {doc.get('graph', {}).get('name')!r} ({str(recorded)[:12]}...), "
             f"not {graph.name!r} ({graph.sha256[:12]}...)",
         )
-    hw = Hardware.from_dict(doc.get("hardware", {}), source).validate(source)
+    hw = Hardware.from_dict(doc.get("hardware"), source).validate(source)
+    errors = _check_against_graph(doc, graph, hw, source)
+    if hardware is not None:
+        errors += hardware_mismatches(hw, hardware, source)
     plan = plan_from_dict(doc, source)
+    errors += _check_plan(plan, graph, hw, source)
+    if errors:
+        shown = errors[:MAX_ERRORS]
+        if len(errors) > MAX_ERRORS:
+            shown.append(InputError(source, "...", f"and {len(errors) - MAX_ERRORS} more problems"))
+        raise InputErrors(shown)
     timeline = simulate(graph, hw, plan)
     mismatches: list[str] = []
     fresh = schedule_to_dict(graph, hw, plan, timeline)

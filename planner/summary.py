@@ -9,7 +9,7 @@ from planner.api import Result
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
 from planner.placement import bytes_by_kind
-from planner.quality import Quality
+from planner.quality import Quality, SolverOutcome
 from planner.tensors import NO_LAYER, MoveTotals, OffloadInterval, TensorView
 from planner.units import format_bytes, format_time_us
 
@@ -82,6 +82,10 @@ def summary_table(d: dict) -> Table:
         table.add_row("lower bound (every plan)", f"{format_time_us(d['lower_bound_us'])}: {d['lower_bound_reason']}")
         table.add_row("gap vs bound", ("n/a" if g is None else f"{g:.2%} at most from optimal")
                       + f" · planner's proof: {d['proof']}")
+    solver = d.get("solver")
+    if solver:
+        # cpsat: whether the plan is proven, CP-SAT's own or the starting plan, and why the search stopped.
+        table.add_row("solver outcome", escape(SolverOutcome(**_outcome_fields(solver)).describe()))
     table.add_row("compute stall", format_time_us(d["stall_us"]))
     table.add_row("transfer hidden behind compute", f"{d['hidden_transfer_share']:.1%}")
     if d.get("allocator") == "static":
@@ -101,6 +105,12 @@ def summary_table(d: dict) -> Table:
     if d["schedule"]:
         table.add_row("schedule", d["schedule"])
     return table
+
+
+def _outcome_fields(d: dict) -> dict:
+    """SolverOutcome's fields from its ``to_dict()`` (the summary holds the dict: it is what --json prints)."""
+    keys = SolverOutcome.__dataclass_fields__
+    return {k: d.get(k) for k in keys}
 
 
 # -- the tensor view (--tensors): rows shared by the rich tables here and report.md -----------------------------

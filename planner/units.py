@@ -1,6 +1,10 @@
 """Parsing and formatting of sizes, bandwidths and times.
 
 Decimal prefixes are powers of 1000 (GB), binary prefixes powers of 1024 (GiB), as in SI/IEC.
+
+Text must carry its unit: ``--latency d2h=5`` once meant 5 seconds, silently, where 5 us was meant. The one
+exception is a size, where a bare number is bytes (``--hbm 6.4e10``, as the README says), and a bare 0, which is
+the same in every unit. Python numbers (not text) are in the base unit: bytes, bytes per second, seconds.
 """
 
 from __future__ import annotations
@@ -43,18 +47,19 @@ def parse_size(text: str | int | float, item: str = "size", source: str = "comma
 
 
 def parse_bandwidth(text: str | int | float, item: str = "bandwidth", source: str = "command line") -> float:
-    """Return bytes per second for ``text`` (``40GB/s``, ``37.25GiB/s``, or a plain number of B/s)."""
+    """Return bytes per second for ``text`` (``40GB/s``, ``37.25GiB/s``, ``500B/s``); a Python number is B/s.
+
+    Text without ``/s`` is an error, a bare number too: ``40`` could be GB/s as easily as B/s.
+    """
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         value, unit = float(text), ""
     else:
         m = _BW_RE.match(str(text))
-        if m:
-            value, unit = float(m.group(1)), m.group(2).lower()
-        else:
-            m = _SIZE_RE.match(str(text))
-            if not m or m.group(2):
-                raise InputError(source, item, f"{text!r} is not a bandwidth (use e.g. 40GB/s or 37GiB/s)")
-            value, unit = float(m.group(1)), ""
+        if not m:
+            plain = _SIZE_RE.match(str(text))
+            hint = " (a bandwidth needs its unit)" if plain and not plain.group(2) else ""
+            raise InputError(source, item, f"{text!r} is not a bandwidth{hint}: use e.g. 40GB/s, 37GiB/s or 500B/s")
+        value, unit = float(m.group(1)), m.group(2).lower()
     if unit not in _SIZE_UNITS:
         raise InputError(source, item, f"{text!r}: unknown bandwidth unit {unit!r}/s")
     bw = value * _SIZE_UNITS[unit]
@@ -64,7 +69,11 @@ def parse_bandwidth(text: str | int | float, item: str = "bandwidth", source: st
 
 
 def parse_time(text: str | int | float, item: str = "time", source: str = "command line") -> float:
-    """Return seconds for ``text`` (``2us``, ``1.5ms``, ``3s``; a plain number is seconds)."""
+    """Return seconds for ``text`` (``2us``, ``1.5ms``, ``3s``); a Python number is seconds.
+
+    Text without a unit is an error (``5`` as seconds was the silent misreading of ``--latency d2h=5``), except a
+    bare 0, which is the same in every unit.
+    """
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         value = float(text)
     else:
@@ -72,10 +81,14 @@ def parse_time(text: str | int | float, item: str = "time", source: str = "comma
         if m:
             value = float(m.group(1)) * _TIME_UNITS[m.group(2)]
         else:
-            try:
-                value = float(text)
-            except ValueError:
-                raise InputError(source, item, f"{text!r} is not a time (use e.g. 2us, 1.5ms, 3s)") from None
+            plain = _SIZE_RE.match(str(text))
+            if plain and not plain.group(2) and float(plain.group(1)) == 0:
+                value = 0.0
+            elif plain and not plain.group(2):
+                raise InputError(source, item, f"{text!r} has no unit: give one, e.g. {text.strip()}us, "
+                                               f"{text.strip()}ms or {text.strip()}s")
+            else:
+                raise InputError(source, item, f"{text!r} is not a time (use e.g. 2us, 1.5ms, 3s)")
     if not math.isfinite(value) or value < 0:
         raise InputError(source, item, f"{text!r} must be zero or positive")
     return value

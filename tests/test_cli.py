@@ -77,7 +77,7 @@ def test_validate_detects_tampering(tmp_path):
         (["--planner", "magic"], "unknown planner"),
         (["--link", "warp=5GB/s"], "no link 'warp'"),
         (["--tier", "host"], "NAME=VALUE"),
-        (["-O", "colour=blue"], "--planner-option"),
+        (["-O", "colour=blue"], "-O colour"),
     ],
 )
 def test_bad_options_exit_2_one_line(args, expected):
@@ -118,3 +118,36 @@ def test_subprocess_end_to_end(tmp_path):
 def test_help_shows_examples():
     r = run("--help")
     assert r.exit_code == 0 and "Examples:" in r.output and "ho-plan graphs/" in r.output
+
+
+def test_typed_options_are_what_the_schedule_records(tmp_path):
+    out = tmp_path / "g.json"
+    r = run(TB, "--hbm", "1GB", "--planner", "greedy", "-O", "offsets=no", "-O", "select_num=16", "-o", out)
+    assert r.exit_code == 0, r.output
+    options = json.loads(out.read_text())["planner"]["options"]
+    assert options["offsets"] is False and options["select_num"] == 16
+
+
+def test_hardware_spec_file_and_validate_checks_the_file(tmp_path):
+    out = tmp_path / "r.json"
+    assert run(TB, "--hbm", "1GB", "--planner", "reactive", "-o", out).exit_code == 0
+    doc = json.loads(out.read_text())
+    spec = tmp_path / "hw.json"
+    spec.write_text(json.dumps(doc["hardware"]))
+    r = run(TB, "--hardware", spec, "--planner", "reactive", "--json", "--no-output")
+    assert r.exit_code == 0 and json.loads(r.output)["hbm_budget_bytes"] == 10**9
+    assert run("validate", out, TB, "--hardware", spec).exit_code == 0
+    for t in doc["tensors"]:
+        t["bytes"] //= 4  # an edited tensor table: one line per tensor, exit 2
+    out.write_text(json.dumps(doc))
+    r = run("validate", out, TB)
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert r.stderr.count("\n") == min(len(doc["tensors"]), 20) + (len(doc["tensors"]) > 20)
+    assert "bytes is" in r.stderr.splitlines()[0]
+
+
+def test_sweep_seqlen_takes_the_generate_names(tmp_path):
+    r = run("sweep", "seqlen", "inference", "--hbm", "7.5GB", "--range", "1024:2048", "--planners", "none",
+            "-G", "layers=1", "-G", "decode_steps=1", "-q", "-o", tmp_path / "s")
+    assert r.exit_code == 0, r.output
+    assert "none: >= 2048 tokens" in r.output

@@ -1,6 +1,7 @@
 """The ``ho-plan`` command: a thin layer over ``planner.api``.
 
-Exit status: 0 a valid plan; 1 no valid plan (budget below the minimum, or violations); 2 bad input.
+Exit status: 0 a valid plan; 1 no valid plan (budget below the minimum, or violations); 2 bad input; 130 Ctrl-C
+(cpsat's best valid plan so far is still written).
 """
 
 from __future__ import annotations
@@ -8,13 +9,14 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import click
 from rich.console import Console
 from rich.markup import escape
 
 from planner import api
-from planner.errors import InfeasibleBudget, InputError
+from planner.errors import InfeasibleBudget, InputError, InputErrors
 from planner.formats import read_json
 from planner.placement import apply_homes, parse_homes
 from planner.summary import summary_dict, summary_table
@@ -24,10 +26,11 @@ EXAMPLES = """
 \b
 Examples:
   ho-plan graphs/transformer_block.json --hbm 2GB --time-limit 10
-  ho-plan graphs/transformer_block.json --hbm 2GB --planner cpsat --workers 1 --seed 3   # reproducible
+  ho-plan graphs/transformer_block.json --hbm 2GB --planner cpsat --seed 3 -O log=cpsat.log   # reproducible
   ho-plan graphs/transformer_block.json --hbm 2GB --planner reactive --json
   ho-plan graphs/remote_weights_chain.json --hardware cloudmatrix384 --hbm 500MB --p2d 100GB/s
   ho-plan validate transformer_block.schedule.json graphs/transformer_block.json
+  ho-plan validate tb.schedule.json graphs/transformer_block.json --hardware ascend-910c --hbm 2GB
 """
 
 
@@ -36,11 +39,56 @@ Examples:
 WRITE_S_PER_OP = 2.5e-4
 
 
-class DefaultGroup(click.Group):
+def usage_exit(exc: click.exceptions.UsageError) -> NoReturn:
+    """Click's usage error (unknown option or command, bad value) as one line on stderr, exit status 2: the
+    project's rule for bad input, where click would print usage, a hint and the error on four lines."""
+    click.echo(f"error: command line: {exc.format_message()}", err=True)
+    sys.exit(2)
+
+
+class OneLineGroup(click.Group):
+    """A group whose usage errors, its own and its subcommands', are one line (``usage_exit``), and whose unknown
+    subcommand gets a suggestion: ``No such command 'valdate'. Did you mean 'validate'?``."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.exceptions.UsageError as exc:
+            if isinstance(exc, getattr(click.exceptions, "NoArgsIsHelpError", ())):
+                raise  # the group called bare: click prints its help
+            usage_exit(exc)
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except click.exceptions.UsageError as exc:
+            if isinstance(exc, getattr(click.exceptions, "NoArgsIsHelpError", ())):
+                raise
+            usage_exit(exc)
+
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and self.get_command(ctx, name) is None:
+            import difflib
+
+            close = difflib.get_close_matches(name, self.list_commands(ctx), n=1)
+            ctx.fail(f"No such command {name!r}." + (f" Did you mean {close[0]!r}?" if close else ""))
+        return super().resolve_command(ctx, args)
+
+
+def _is_graph_argument(arg: str) -> bool:
+    """Whether the first word of ``ho-plan ARG ...`` is the main job's GRAPH rather than a subcommand: an option,
+    an existing path, or a word that looks like a file name (``x.json``, ``dir/x``). Anything else is a command,
+    so that ``ho-plan valdate a b`` says there is no such command instead of failing as a graph."""
+    return arg.startswith("-") or "." in arg or "/" in arg or Path(arg).exists()
+
+
+class DefaultGroup(OneLineGroup):
     """A group whose default subcommand is ``plan``: ``ho-plan graph.json --hbm 64GB``."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
+        if (args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version")
+                and _is_graph_argument(args[0])):
             args = ["plan", *args]
         return super().parse_args(ctx, args)
 
@@ -67,7 +115,9 @@ def run_guarded(fn):
     try:
         return fn()
     except InputError as exc:
-        click.echo(f"error: {exc}", err=True)
+        # InputErrors (several things wrong with one file) print one line each.
+        for line in exc.lines() if isinstance(exc, InputErrors) else [str(exc)]:
+            click.echo(f"error: {line}", err=True)
         sys.exit(2)
 
 
@@ -84,7 +134,8 @@ def main() -> None:
 def hardware_options(f):
     opts = [
         click.option("--hardware", "preset_name", default="ascend-910c", show_default=True,
-                     help="Hardware preset: ascend-910c, cloudmatrix384, h100-pcie, gh200."),
+                     help="Hardware preset: ascend-910c, cloudmatrix384, h100-pcie, gh200; or a hardware spec "
+                          "file (FILE.json: the 'hardware' object of a schedule file, or a whole schedule file)."),
         click.option("--hbm", help="HBM budget, e.g. 64GB, 64GiB, 6.4e10 (default: the preset's HBM)."),
         click.option("--d2h", help="Bandwidth of link d2h, e.g. 40GB/s."),
         click.option("--h2d", help="Bandwidth of link h2d."),
@@ -176,7 +227,8 @@ def load_options(kw: dict) -> dict:
               help="Plan with greedy over a grid of its four settings and keep the best valid plan "
                    "(same as --planner greedy-sweep).")
 @click.option("-O", "--planner-option", "planner_options", multiple=True, metavar="KEY=VALUE",
-              help="Passed straight to the planner, e.g. -O lookahead=2.")
+              help="A planner option, e.g. -O lookahead=2, parsed to the option's type (booleans: "
+                   "true/false/1/0/yes/no).")
 @click.option("--home", "homes", multiple=True, metavar="KIND=TIER|auto",
               help="Where tensors of a kind start the step (and end it), overriding the graph: a tier pins them, "
                    "auto lets the planner choose, e.g. --home weight=auto --home optimizer_state=host "
@@ -195,7 +247,8 @@ def load_options(kw: dict) -> dict:
               help="Seconds the cpsat planner may take, wall clock (default 60).")
 @click.option("--seed", type=int, default=None, help="cpsat: random seed (default 0).")
 @click.option("--workers", type=int, default=None,
-              help="cpsat: solver threads (default 2); 1 makes the run deterministic for a given --seed.")
+              help="cpsat: solver threads (default 1: reproducible for a given --seed); 2 or more run CP-SAT's "
+                   "parallel search, which is not reproducible.")
 def plan_cmd(graph_path, planner_name, planner_options, homes, output, no_output, as_json, tensors_top, trace_path,
              greedy_sweep, time_limit, seed, workers, **hw_kw):
     """Plan GRAPH for an HBM budget, validate the plan, print a summary, write a schedule."""
@@ -209,7 +262,8 @@ def plan_cmd(graph_path, planner_name, planner_options, homes, output, no_output
         graph = api.load_graph(graph_path, **load_options(hw_kw))
         hw = build_hardware(hw_kw)
         graph = apply_homes(graph, parse_homes(homes), hw)
-        options = {k: _option_value(v) for k, v in _pairs(planner_options, "--planner-option").items()}
+        # Typed by the planner's declared options (api.option_types): "-O select_num=1.5" is an error, not 1.
+        options = api.parse_planner_options(planner_name, _pairs(planner_options, "-O"))
         options.update(_solver_options(planner_name, time_limit, seed, workers))
         # The no-offload reference before planning, so that a time limit counts what it took (on a graph the
         # hardware can run: api.plan says what is wrong otherwise).
@@ -220,10 +274,12 @@ def plan_cmd(graph_path, planner_name, planner_options, homes, output, no_output
             # file and the summary after planning take up to WRITE_S_PER_OP. (The plan records the limit as given.)
             spent = time.monotonic() - t0 + WRITE_S_PER_OP * len(graph.ops)
             options["wall_budget"] = max(0.5, options["time_limit"] - spent)
-        from planner.cli.progress import live_progress
+        from planner.cli.progress import live_progress, log_on_stderr
 
         try:
-            with live_progress(enabled=not as_json and "time_limit" in options) as progress:
+            # -O log=true: CP-SAT's search log comes through the progress callback, which writes it to stderr.
+            with live_progress(enabled=not as_json and "time_limit" in options,
+                               log=log_on_stderr(options)) as progress:
                 if progress is not None:
                     options["progress"] = progress
                 result = api.plan(graph, hw, planner=planner_name, source=graph_path, reference=reference,
@@ -282,10 +338,17 @@ def plan_cmd(graph_path, planner_name, planner_options, homes, output, no_output
                     wide.print(part, highlight=False)
             if not result.timeline.valid:
                 console.print("no schedule written: the plan is not valid", highlight=False)
+        if quality.solver is not None and quality.solver.interrupted:
+            sys.exit(130)  # Ctrl-C: the best plan so far was written (when valid); the shell's code for SIGINT
         if not result.timeline.valid:
             sys.exit(1)
 
-    run_guarded(go)
+    try:
+        run_guarded(go)
+    except KeyboardInterrupt:
+        # Ctrl-C before any plan existed (loading, the starting plan) or in a planner that cannot stop early.
+        click.echo("interrupted: no schedule written", err=True)
+        sys.exit(130)
 
 
 def _solver_options(planner_name: str, time_limit, seed, workers) -> dict:
@@ -312,15 +375,27 @@ def _solver_options(planner_name: str, time_limit, seed, workers) -> dict:
 @click.argument("schedule_path", metavar="SCHEDULE", type=click.Path(dir_okay=False))
 @click.argument("graph_path", metavar="GRAPH", type=click.Path(dir_okay=False))
 @graph_options
-def validate_cmd(schedule_path, graph_path, **graph_kw):
-    """Re-run the executor on SCHEDULE for GRAPH; fail on any violation or mismatch with the file."""
+@hardware_options
+def validate_cmd(schedule_path, graph_path, **kw):
+    """Re-run the executor on SCHEDULE for GRAPH; fail on any violation or mismatch with the file.
+
+    The file's tensor table, hardware, planner options, placement, offsets and program must fit GRAPH (exit 2,
+    one line per problem, otherwise). With hardware options (--hardware NAME|FILE.json, --hbm, ...) the file's
+    hardware must also be that hardware.
+    """
 
     def go():
+        from click.core import ParameterSource
+
         from planner.schedule import validate_schedule
 
+        ctx = click.get_current_context()
+        graph_kw = {k: kw.pop(k) for k in ("dims", "time_unit", "size_unit")}
+        given = [k for k in kw if ctx.get_parameter_source(k) is not ParameterSource.DEFAULT]
         graph = api.load_graph(graph_path, **load_options(graph_kw))
         doc = read_json(schedule_path)
-        report = validate_schedule(doc, graph, schedule_path)
+        hardware = build_hardware(kw) if given else None
+        report = validate_schedule(doc, graph, schedule_path, hardware)
         for v in report.timeline.violations:
             click.echo(f"violation {v.describe()}")
         for m in report.mismatches:

@@ -2,12 +2,14 @@
 
 Planners never print; they call ``progress(dict)`` (keys: ``phase``, ``elapsed_s``, ``time_limit_s``,
 ``incumbent_us``, ``bound_us``, ``windows``, ``accepted``). ``live_progress()`` gives the CLI such a callback
-that redraws a one-line rich panel while the planner runs, only when stderr is a terminal.
+that redraws a one-line rich panel while the planner runs, only when stderr is a terminal. ``log_to_stderr`` is
+how ``-O log=true`` reaches stderr: cpsat sends each line of CP-SAT's search log as ``{"log": line}``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import time
 
@@ -46,12 +48,37 @@ class _State:
         return Text("  ".join(p for p in parts if p), style="cyan")
 
 
+def log_on_stderr(options: dict) -> bool:
+    """Whether planner ``options`` ask for cpsat's search log line by line (``-O log=true``), which the progress
+    callback then writes to stderr (``-O log=PATH``: the planner writes the file itself)."""
+    if "log" not in options:
+        return False
+    from planner.planners.cpsat.solve import log_target
+
+    return log_target(options["log"])[0] == "stream"
+
+
+def _log_line(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 @contextlib.contextmanager
-def live_progress(enabled: bool = True):
-    """Yield a progress callback; draw it on stderr while the block runs (a no-op off a terminal)."""
+def live_progress(enabled: bool = True, log: bool = False):
+    """Yield a progress callback; draw it on stderr while the block runs (a no-op off a terminal). With ``log``,
+    the search-log lines it receives (``{"log": line}``) go to stderr as they come, above the live line; stdout
+    is never written (``--json`` stays clean)."""
     console = Console(stderr=True)
     if not enabled or not console.is_terminal:
-        yield None
+        if not log:
+            yield None
+            return
+
+        def only_log(d: dict) -> None:
+            if "log" in d:
+                _log_line(d["log"])
+
+        yield only_log
         return
     state = _State()
 
@@ -59,5 +86,12 @@ def live_progress(enabled: bool = True):
         def __rich__(self):
             return state.render()
 
-    with Live(_Renderable(), console=console, refresh_per_second=4, transient=True):
-        yield state.update
+    with Live(_Renderable(), console=console, refresh_per_second=4, transient=True) as live:
+        def update(d: dict) -> None:
+            if "log" in d:
+                if log:
+                    live.console.print(d["log"], markup=False, highlight=False, soft_wrap=True)
+                return
+            state.update(d)
+
+        yield update

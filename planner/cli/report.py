@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from planner import api
-from planner.cli import _option_value, _pairs, build_hardware, hardware_options, main, run_guarded
+from planner.cli import OneLineGroup, _option_value, _pairs, build_hardware, hardware_options, main, run_guarded
 from planner.errors import InputError
 from planner.report.compare import REPORT_PLANNERS, VALID
 from planner.units import parse_bandwidth
@@ -36,7 +36,7 @@ SWEEP_EXAMPLES = """
 Examples:
   ho-plan sweep budget graphs/transformer_block.json --fractions 0.5,0.75,1 -o out/budget
   ho-plan sweep bandwidth graphs/transformer_block.json --hbm 1.5GB --bandwidths 20,33.6,70,400 --jobs 4
-  ho-plan sweep seqlen long_context_inference --hbm 7.5GB -G layers=2 -G block=1024 \\
+  ho-plan sweep seqlen inference --hbm 7.5GB -G layers=2 -G block=1024 \\
       --range 8192:262144 --jobs 4
 """
 
@@ -44,7 +44,7 @@ Examples:
 # -- shared helpers ---------------------------------------------------------------------------------------------
 
 
-def parse_planners(text: str | None) -> list[str]:
+def parse_planners(text: str | None, item: str = "--planners") -> list[str]:
     """``none,reactive`` -> names, each checked against the registry; default: every report planner there is."""
     from planner.planners import PLANNERS
 
@@ -53,18 +53,22 @@ def parse_planners(text: str | None) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     for n in names:
         if n not in PLANNERS:
-            raise InputError("command line", "--planners", f"unknown planner {n!r} (known: {', '.join(PLANNERS)})")
+            raise InputError("command line", item, f"unknown planner {n!r} (known: {', '.join(PLANNERS)})")
     return names
 
 
 def parse_planner_options(values: tuple[str, ...], time_limit: float | None, planners: list[str]) -> dict:
-    """``-O cpsat.time_limit=10`` -> ``{"cpsat": {"time_limit": 10}}``; ``--time-limit`` goes to cpsat."""
-    out: dict[str, dict] = {}
+    """``-O cpsat.time_limit=10`` -> ``{"cpsat": {"time_limit": 10.0}}``, each value parsed to the planner's
+    declared type (``api.parse_planner_options``); ``--time-limit`` goes to cpsat."""
+    text: dict[str, dict[str, str]] = {}
     for key, val in _pairs(values, "-O").items():
         name, dot, opt = key.partition(".")
         if not dot or not opt:
             raise InputError("command line", "-O", f"{key!r} should be PLANNER.OPTION=VALUE")
-        out.setdefault(name, {})[opt] = _option_value(val)
+        parse_planners(name, f"-O {key}")  # a known planner, or one line naming the known ones
+        text.setdefault(name, {})[opt] = val
+    out = {name: api.parse_planner_options(name, opts, item=f"-O {name}.")
+           for name, opts in text.items()}
     if time_limit is not None and "cpsat" in planners:
         out.setdefault("cpsat", {}).setdefault("time_limit", time_limit)
     return out
@@ -249,7 +253,7 @@ def _print_rows(rows: list[dict]) -> None:
 # -- sweep ------------------------------------------------------------------------------------------------------
 
 
-@main.group("sweep", epilog=SWEEP_EXAMPLES)
+@main.group("sweep", cls=OneLineGroup, epilog=SWEEP_EXAMPLES)
 def sweep_group():
     """Sweeps over HBM budget, link bandwidth or sequence length; each writes JSON, CSV, a PNG and sweep.md."""
 
@@ -356,18 +360,20 @@ def sweep_seqlen_cmd(generator, planners_text, planner_options, time_limit, jobs
                      step, seq_param, max_overhead, out_dir, as_json, **hw_kw):
     """Per planner, the longest sequence GENERATOR's graph can run with in the HBM budget (bisection).
 
-    GENERATOR is a function of planner.workloads (e.g. long_context_inference) or module:function.
+    GENERATOR is a workload of `ho-plan generate` (llama3-8b-train, deepseek-v3-train, inference, or a preset such
+    as deepseek-v3-nsa-64k, whose values -G overrides) or module:function.
     """
 
     def go():
         from planner.report import seqlen_sweep
         from planner.report.sweeps import resolve_generator
 
-        resolve_generator(generator)
+        fn = resolve_generator(generator)
         hw = build_hardware(hw_kw)
         names = parse_planners(planners_text)
         options = parse_planner_options(planner_options, time_limit, names)
         args = {k: _option_value(v) for k, v in _pairs(gen_options, "-G").items()}
+        _check_generator_args(fn, generator, list(args), seq_param)
         lo, hi = parse_range(range_text)
         with progress_display(not quiet) as bar:
             sw = seqlen_sweep(generator, args, hw, lo, hi, step, seq_param, names, options, max_overhead, jobs,
@@ -381,6 +387,19 @@ def sweep_seqlen_cmd(generator, planners_text, planner_options, time_limit, jobs
                                        (f">= {v}" if info.get("at_least") else f"{v}") + " tokens"))
 
     run_guarded(go)
+
+
+def _check_generator_args(fn, generator: str, keys: list[str], seq_param: str) -> None:
+    """Each -G key and --seq-param is an argument of the generator: every point would fail otherwise."""
+    import inspect
+
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    for item, k in [*(("-G", k) for k in keys), ("--seq-param", seq_param)]:
+        if k not in params:
+            raise InputError("command line", item,
+                             f"workload {generator!r} takes no argument {k!r} (it takes: {', '.join(params)})")
 
 
 # -- solutions --------------------------------------------------------------------------------------------------

@@ -265,11 +265,13 @@ def bandwidth_sweep(graph: Graph, hw: Hardware, bandwidths_GBps: Sequence[float]
 
 
 def resolve_generator(name: str) -> Callable[..., Graph]:
-    """``long_context_inference`` (looked up in ``planner.workloads``) or ``module:function``."""
-    if ":" in name:
-        mod, _, fn = name.partition(":")
-    else:
-        mod, fn = "planner.workloads", name
+    """A workload name of ``ho-plan generate`` (``inference``, a preset: ``planner.workloads.generator``) or
+    ``module:function``."""
+    if ":" not in name:
+        from planner.workloads import generator
+
+        return generator(name, "GENERATOR")
+    mod, _, fn = name.partition(":")
     try:
         return getattr(importlib.import_module(mod), fn)
     except (ImportError, AttributeError):

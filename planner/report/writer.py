@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from planner.fileio import write_atomic
+from planner.quality import solver_outcome
 from planner.report import plots
 from planner.report.compare import INVALID, VALID, Comparison
 from planner.report.trace import TraceRun, write_trace
@@ -351,9 +352,10 @@ def report_markdown(cmp: Comparison, table: str, sweep_parts: list[str], command
             if r["violations"] > len(r["first_violations"]):
                 extra.append(f"  - ... and {r['violations'] - len(r['first_violations'])} more")
         extra += [f"  - note: {n}" for n in r["notes"]]
-        if r.get("solver_bound_us") is not None:
-            proved = " (proved optimal for its scaled model)" if r.get("solver_optimal") else ""
-            extra.append(f"  - CP-SAT's own bound on its scaled model: {fmt_time(r['solver_bound_us'])}{proved}")
+        outcome = solver_outcome(run.plan) if run.plan is not None else None
+        if outcome is not None:
+            # cpsat: proven optimal, its own solution or the starting plan; why the search stopped; CP-SAT's bound.
+            extra.append(f"  - solver: {outcome.describe()}")
         if extra:
             lines.append(f"- **{name}** ({r['status']}):")
             lines += extra

@@ -12,9 +12,9 @@ Each returns a ``planner.graph.Graph``; ``planner.formats.save_graph`` writes it
 from planner.workloads.deepseek import DEEPSEEK_V3, DeepSeekConfig, deepseek_v3_training
 from planner.workloads.inference import long_context_inference
 from planner.workloads.llama import LLAMA3_8B, LlamaConfig, llama3_8b_training
-from planner.workloads.presets import GENERATORS, PRESETS, WORKLOADS, generate, resolve
+from planner.workloads.presets import ALIASES, GENERATORS, PRESETS, WORKLOADS, generate, generator, resolve
 
 __all__ = [
-    "DEEPSEEK_V3", "DeepSeekConfig", "LLAMA3_8B", "LlamaConfig", "GENERATORS", "PRESETS", "WORKLOADS",
-    "deepseek_v3_training", "generate", "llama3_8b_training", "long_context_inference", "resolve",
+    "ALIASES", "DEEPSEEK_V3", "DeepSeekConfig", "LLAMA3_8B", "LlamaConfig", "GENERATORS", "PRESETS", "WORKLOADS",
+    "deepseek_v3_training", "generate", "generator", "llama3_8b_training", "long_context_inference", "resolve",
 ]

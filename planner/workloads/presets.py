@@ -17,6 +17,7 @@ The paper gives no sequence length for training; presets use 8192 (LLaMA-3's con
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from planner.errors import InputError
@@ -51,20 +52,41 @@ PRESETS: dict[str, tuple[str, dict, str]] = {
 
 WORKLOADS = (*GENERATORS, *PRESETS)
 
+# The generator functions' own names, which ``ho-plan sweep seqlen`` took before it took the names above: kept as
+# aliases so that old command lines and sweep files still run. Listings and messages show only WORKLOADS.
+ALIASES: dict[str, str] = {
+    "llama3_8b_training": "llama3-8b-train",
+    "deepseek_v3_training": "deepseek-v3-train",
+    "long_context_inference": "inference",
+}
 
-def resolve(workload: str) -> tuple[Callable[..., Graph], dict]:
-    """Return the generator and base options of a workload or preset name."""
+
+def resolve(workload: str, item: str = "WORKLOAD") -> tuple[Callable[..., Graph], dict]:
+    """Return the generator and base options of a workload or preset name (``WORKLOADS``, or an alias).
+
+    Raises InputError (``item`` names the command-line argument) listing the known names.
+    """
+    workload = ALIASES.get(workload, workload)
     if workload in GENERATORS:
         return GENERATORS[workload], {}
     if workload in PRESETS:
         gen, options, _ = PRESETS[workload]
         return GENERATORS[gen], dict(options)
-    raise InputError("command line", "WORKLOAD", f"unknown workload {workload!r} (known: {', '.join(WORKLOADS)})")
+    raise InputError("command line", item,
+                     f"no workload generator {workload!r} (known: {', '.join(WORKLOADS)})")
+
+
+def generator(workload: str, item: str = "WORKLOAD") -> Callable[..., Graph]:
+    """The function that generates ``workload`` from keyword options: the generator, or for a preset the generator
+    with the preset's values as defaults (what ``ho-plan sweep seqlen PRESET`` varies the sequence length of)."""
+    fn, base = resolve(workload, item)
+    return functools.partial(fn, **base) if base else fn
 
 
 def generate(workload: str, **options) -> Graph:
     """Generate a workload or preset; ``options`` override the preset's."""
     fn, base = resolve(workload)
+    workload = ALIASES.get(workload, workload)
     base.update(options)
     if workload in PRESETS and "name" not in base:
         base["name"] = workload + _suffix(workload, base)

@@ -11,7 +11,8 @@ of its last op (then bytes moved): finishing the window earlier lets everything 
 A window's solution is decoded into a whole plan and run in the executor; it is accepted only when the
 executor-validated makespan improves (or stays equal with fewer bytes moved). Windows are chosen where the
 incumbent's compute stream stalls most; the search stops at the time limit, when no window with a stall is left
-untried, or when the makespan reaches the compute bound.
+untried, or when the makespan reaches the compute bound (``stats["stop"]`` says which). Ctrl-C (KeyboardInterrupt,
+in a solve or between them) stops it too: the incumbent, a valid plan, is what it returns.
 """
 
 from __future__ import annotations
@@ -45,9 +46,13 @@ LOOKAHEAD = 1
 # Window sizes (ops): the first is the planner's window_ops option; it grows when every stall has been tried.
 MIN_WINDOW = 20
 MAX_WINDOW = 400
-# Deterministic mode: deterministic seconds per wall second of the limit, overall and per window.
+# Deterministic mode: deterministic seconds per wall second of the limit, overall and per window (calibrated on an
+# idle 2-core machine; on a busy one the wall clock may end the search first, and the plan's notes say so). A
+# window's wall-clock limit is a safety net WINDOW_WALL_SLACK times its nominal length, so that the deterministic
+# budget, not the clock, ends it.
 DET_PER_WALL_LNS = 0.2
 DET_PER_WALL_WINDOW = 0.2
+WINDOW_WALL_SLACK = 3.0
 
 
 @dataclass
@@ -92,26 +97,59 @@ def improve(run, p: Problem, asg: Assignment, base: Plan, base_tl: Timeline, obj
     compute = sum(o.dur_ns for o in p.ops)
     n = len(p.ops)
     w = max(MIN_WINDOW, min(window_ops, n))
-    tried: set[tuple[int, int, int]] = set()
     stats = {"windows": 0, "accepted": 0, "improved_in_model": 0, "infeasible": 0, "no_solution": 0,
              "window_ops": [w]}
     run.report(phase="lns", incumbent_us=inc.makespan / 1000, bound_us=compute / 1000, windows=0, accepted=0)
     history = [(inc.plan, inc.timeline)]
     limit_ns = p.scale.ns(limit_ticks) if limit_ticks is not None else None
     det_budget = run.time_limit * DET_PER_WALL_LNS if run.deterministic else None
+    try:
+        inc = _search(run, p, inc, objective, limit_ns, w, compute, det_budget, stats, history, log)
+    except KeyboardInterrupt:
+        # Ctrl-C between solves (a window's model, decoding, the executor): the incumbent stands.
+        run.interrupt()
+    if stats.get("wall_stopped"):
+        run.notes.append(f"the wall-clock limit stopped {stats['wall_stopped']} window solve(s) before their "
+                         "deterministic budget: this run may not be reproducible")
+    run.stats["lns"] = stats
+    run.stats["windows_accepted"] = stats["accepted"]
+    run.stats["status"] = "LNS"
+    from planner.planners.cpsat.solve import place_hbm
+
+    history.sort(key=lambda c: (c[1].metrics.makespan_ns, sum(c[1].metrics.bytes_moved.values())))
+    if base_free is base_tl and not _accept(history[0][1], Incumbent(base, base_tl, inc.asg), objective, limit_ns):
+        # Nothing beats the starting plan, whose HBM placement is made (its run is the full one): keep it as is.
+        run.notes.append(f"cpsat found nothing better than its starting plan ({base.planner}); it returns that")
+        return None
+    return place_hbm(run, p, history[:8])
+
+
+def _search(run, p: Problem, inc: Incumbent, objective: str, limit_ns: int | None, w: int, compute: int,
+            det_budget: float | None, stats: dict, history: list, log: bool) -> Incumbent:
+    """The window loop: returns the last incumbent; appends every accepted plan to ``history`` and records why it
+    stopped in ``run.stats["stop"]``."""
+    n = len(p.ops)
+    tried: set[tuple[int, int, int]] = set()
     while True:
         if inc.makespan <= compute:
             run.notes.append("the makespan reached the compute bound: optimal")
+            run.stats["stop"] = "compute_bound"
             break
         # Keep time for deciding HBM placement after the search, and for decoding and running this window.
         left = run.left() - run.final_reserve() - 1.5 * run.sim_s
         if left < 0.5:
+            run.stats["stop"] = "time_limit"
+            if det_budget is not None:
+                run.notes.append("the wall-clock limit ended the search before its deterministic budget: this run "
+                                 "may not be reproducible")
             break
         if det_budget is not None and run.det_used >= det_budget:
+            run.stats["stop"] = "time_limit"
             break
         window = next_window(p, inc, w, tried) if objective != "peak" else peak_window(p, inc, w, tried)
         if window is None:
             if w >= min(n, MAX_WINDOW):
+                run.stats["stop"] = "no_improvement"  # every window tried, at every size
                 break
             w = min(n, MAX_WINDOW, int(w * 1.6))  # every stall tried at this size: try larger windows
             stats["window_ops"].append(w)
@@ -126,13 +164,20 @@ def improve(run, p: Problem, asg: Assignment, base: Plan, base_tl: Timeline, obj
         det = None
         if det_budget is not None:
             det = min(nominal * DET_PER_WALL_WINDOW, det_budget - run.det_used)
-            nominal *= 1.5  # the wall-clock limit is only a safety net here
+            nominal *= WINDOW_WALL_SLACK  # the wall-clock limit is only a safety net here
         wall = min(left, nominal)
         params = run.params(wall, det_s=det, log=log)
         params["keep_all_feasible_solutions_in_presolve"] = True
-        res = worker.solve(m.m, params, wall)
+        run.log(f"# cpsat: LNS window {stats['windows']}: ops {i}..{j - 1} of the incumbent's order")
+        res = worker.solve(m.m, params, wall, on_log=run.log_sink if log else None)
         run.det_used += res.deterministic_time
         run.notes.extend(x for x in res.notes if x not in run.notes)
+        if res.interrupted:
+            # Ctrl-C during the window's solve: its partial solution is not worth the decoding time.
+            run.interrupt()
+            break
+        if det is not None and res.status in ("FEASIBLE", "UNKNOWN", "TIMEOUT") and res.deterministic_time < 0.99 * det:
+            stats["wall_stopped"] = stats.get("wall_stopped", 0) + 1
         if not res.has_solution:
             stats["infeasible" if res.status == "INFEASIBLE" else "no_solution"] += 1
             continue
@@ -155,17 +200,7 @@ def improve(run, p: Problem, asg: Assignment, base: Plan, base_tl: Timeline, obj
             stats["accepted"] += 1
             run.report(phase="lns", incumbent_us=inc.makespan / 1000, bound_us=compute / 1000,
                        windows=stats["windows"], accepted=stats["accepted"])
-    run.stats["lns"] = stats
-    run.stats["windows_accepted"] = stats["accepted"]
-    run.stats["status"] = "LNS"
-    from planner.planners.cpsat.solve import place_hbm
-
-    history.sort(key=lambda c: (c[1].metrics.makespan_ns, sum(c[1].metrics.bytes_moved.values())))
-    if base_free is base_tl and not _accept(history[0][1], Incumbent(base, base_tl, inc.asg), objective, limit_ns):
-        # Nothing beats the starting plan, whose HBM placement is made (its run is the full one): keep it as is.
-        run.notes.append(f"cpsat found nothing better than its starting plan ({base.planner}); it returns that")
-        return None
-    return place_hbm(run, p, history[:8])
+    return inc
 
 
 def _accept(tl: Timeline, inc: Incumbent, objective: str, limit_ns: int | None) -> bool:

@@ -11,10 +11,16 @@
    them. Anything that fails falls back to the starting plan with a note saying why.
 
 The wall-clock limit is enforced here (each solve runs in a child process that is killed at its deadline; see
-``worker.py``). With ``workers=1`` the run is deterministic: CP-SAT gets a fixed seed and a deterministic time
-limit (``max_deterministic_time``) instead of a wall-clock one, and the LNS budget is counted in deterministic
-time, so the same input gives the same schedule, byte for byte, as long as the wall-clock limit is not hit
-first (the plan then says so in its notes).
+``worker.py``). With ``workers=1`` (the default) the run is deterministic: CP-SAT gets a fixed seed and a
+deterministic time limit (``max_deterministic_time``) instead of a wall-clock one, and the LNS budget is counted in
+deterministic time, so the same input gives the same schedule, byte for byte, as long as the wall-clock limit is
+not hit first (the plan then says so in its notes). ``workers >= 2`` is CP-SAT's parallel portfolio: not
+reproducible.
+
+The outcome (``planner.quality.solver_outcome``) is read from ``Plan.stats["cpsat"]``: ``stop`` (why the search
+ended: one of ``planner.quality.STOP_REASONS``), ``returned`` (``start``, ``cpsat`` or ``exact``: whose plan is
+returned), CP-SAT's ``status``, objective and bound. Ctrl-C (KeyboardInterrupt) during the search stops it; the
+best valid plan found so far is returned, with the note ``INTERRUPTED_NOTE`` and ``stop`` = ``interrupted``.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from planner.cost import op_durations_ns
+from planner.errors import InputError
 from planner.executor import simulate, with_static_offsets
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
@@ -42,9 +49,10 @@ from planner.planners.greedy_select import Context
 from planner.planners.ordering import best_no_offload_order, live_bytes
 from planner.timeline import Timeline
 
-# Seconds of deterministic time CP-SAT gets per second of wall-clock limit in deterministic mode. Measured on
-# the development machine (2 cores): one deterministic second took 3.3 to 4.2 wall seconds on the transformer
-# block's whole model with one interleaved worker, so 0.2 leaves a margin before the wall-clock limit.
+# Seconds of deterministic time CP-SAT gets per second of wall-clock limit in deterministic mode (the default).
+# Measured on the 2-core development machine, transformer block at 1 GB: one deterministic second took 3.3 to 4.2
+# wall seconds idle, so 0.2 uses most of the limit with a margin. With the other core busy it took up to 7, and
+# the wall-clock limit may then end the search first: the plan's notes say so (the run may not repeat).
 DET_PER_WALL = 0.2
 # Wall seconds of one greedy run per op (measured: 0.6 to 0.7 ms per op on the workloads in graphs/).
 SWEEP_S_PER_OP = 7e-4
@@ -68,6 +76,9 @@ SIM_S_PER_OP = 2.5e-4
 AFFORDABLE_SHARE = 0.25
 
 Progress = Callable[[dict], None]
+LogSink = Callable[[str], None]  # receives the search log, one line per call
+# The note of a plan returned because Ctrl-C stopped the search.
+INTERRUPTED_NOTE = "interrupted: best plan found so far"
 
 
 @dataclass
@@ -87,6 +98,21 @@ class Run:
     stats: dict = field(default_factory=dict)
     det_used: float = 0.0
     sim_s: float = 0.0  # the longest executor run (without the allocator model) so far: estimates the next ones
+    log_sink: LogSink | None = None  # receives CP-SAT's search log, line by line
+    interrupted: bool = False  # Ctrl-C stopped the search: finish with the best plan so far, search no more
+
+    def interrupt(self) -> None:
+        """Record that Ctrl-C stopped the search (the caller then returns its best valid plan so far)."""
+        if not self.interrupted:
+            self.interrupted = True
+            self.notes.append(INTERRUPTED_NOTE)
+            self.stats["stop"] = "interrupted"
+            self.report(phase="interrupted")
+
+    def log(self, line: str) -> None:
+        """A line of our own in the search log (which solve the next CP-SAT lines belong to)."""
+        if self.log_sink is not None:
+            self.log_sink(line)
 
     def timed(self, plan: Plan) -> Timeline:
         """The executor's run of ``plan`` without the allocator model, timed for the estimates."""
@@ -140,9 +166,10 @@ class Run:
             # The wall-clock limit stays as a safety net, well above the deterministic one.
             p["max_time_in_seconds"] = wall_s
         if log:
+            # Kept in the stats (``log=True`` from Python); a sink gets it streamed instead (``worker.solve``).
             p["log_search_progress"] = True
             p["log_to_stdout"] = False
-            p["log_to_response"] = True
+            p["log_to_response"] = self.log_sink is None
         return p
 
 
@@ -151,20 +178,24 @@ def plan_cpsat(
     hw: Hardware,
     time_limit: float = 60.0,
     seed: int = 0,
-    workers: int = 2,
+    workers: int = 1,
     objective: str = "makespan",
     makespan_limit_us: float | None = None,
     whole_max_ops: int = 500,
     window_ops: int = 80,
     start: str = "auto",
-    log: bool = False,
+    log: str | None = None,
     progress: Progress | None = None,
     wall_budget: float | None = None,
 ) -> Plan:
     """Plan with CP-SAT within ``time_limit`` seconds of wall-clock time (see the module doc).
 
     ``objective``: ``makespan`` (ties broken by bytes moved) or ``peak`` (lowest HBM peak whose makespan is at
-    most ``makespan_limit_us``, default the starting plan's). ``workers=1`` makes the run deterministic.
+    most ``makespan_limit_us``, default the starting plan's). ``workers=1`` (the default) makes the run
+    deterministic; 2 or more run CP-SAT's parallel portfolio, which is not reproducible.
+    ``log``: CP-SAT's search log (``log_target``): ``"true"`` sends it line by line to ``progress`` as
+    ``{"log": line}`` (the CLI writes those to stderr), or keeps it in ``stats["cpsat"]["log"]`` without
+    ``progress``; a path writes it to that file. Never to stdout.
     ``start``: the starting plan (``auto``: the best of greedy, reactive and no offload). ``progress`` receives
     dicts (phase, elapsed_s, incumbent_us, bound_us, ...) while solving; the planner itself prints nothing.
     ``wall_budget``: the seconds actually left for planning when the caller spent some of the limit already (the
@@ -179,13 +210,13 @@ def plan_cpsat_timed(
     hw: Hardware,
     time_limit: float = 60.0,
     seed: int = 0,
-    workers: int = 2,
+    workers: int = 1,
     objective: str = "makespan",
     makespan_limit_us: float | None = None,
     whole_max_ops: int = 500,
     window_ops: int = 80,
     start: str = "auto",
-    log: bool = False,
+    log: str | None = None,
     progress: Progress | None = None,
     wall_budget: float | None = None,
 ) -> Planned:
@@ -197,39 +228,98 @@ def plan_cpsat_timed(
     run = Run(graph, hw, time_limit, int(seed), max(1, int(workers)), int(workers) <= 1, progress)
     if wall_budget is not None:
         run.wall_limit = min(time_limit, float(wall_budget))
-    options = {"time_limit": time_limit, "seed": int(seed), "workers": run.workers, "objective": objective,
+    log_file = None
+    target, path = log_target(log)
+    if target == "file":
+        try:
+            log_file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed after the search, below
+        except OSError as exc:
+            raise InputError("command line", "-O log", f"cannot write the search log to {path!r}: {exc}") from None
+
+        def to_file(line: str) -> None:
+            log_file.write(line.rstrip("\n") + "\n")
+            log_file.flush()  # a search stopped by Ctrl-C or a kill still leaves its log so far
+
+        run.log_sink = to_file
+    elif target == "stream" and progress is not None:
+        def to_progress(line: str) -> None:
+            try:
+                progress({"log": line.rstrip("\n")})
+            except Exception:  # noqa: BLE001 - a display must never break planning
+                pass
+
+        run.log_sink = to_progress
+    try:
+        return _plan(run, target != "off", objective, makespan_limit_us, whole_max_ops, window_ops, start)
+    finally:
+        if log_file is not None:
+            log_file.close()
+
+
+def log_target(log: object) -> tuple[str, str | None]:
+    """What ``log`` asks for: ``("off", None)`` (None, false, no, 0, empty), ``("stream", None)`` (true, yes, 1:
+    to ``progress``, else kept in the stats), or ``("file", path)``."""
+    if log is None or log is False:
+        return "off", None
+    if log is True:
+        return "stream", None
+    text = str(log).strip()
+    if text.lower() in ("", "false", "no", "0", "none"):
+        return "off", None
+    if text.lower() in ("true", "yes", "1"):
+        return "stream", None
+    return "file", text
+
+
+def _plan(run: Run, log: bool, objective: str, makespan_limit_us: float | None, whole_max_ops: int,
+          window_ops: int, start: str) -> Planned:
+    graph, hw, time_limit = run.graph, run.hw, run.time_limit
+    options = {"time_limit": time_limit, "seed": run.seed, "workers": run.workers, "objective": objective,
                "whole_max_ops": whole_max_ops, "window_ops": window_ops}
     if makespan_limit_us is not None:
         options["makespan_limit_us"] = makespan_limit_us
     run.report(phase="start plan")
     base, base_tl = starting_plan(run, start)
+    worker.python_sigint()  # the starting planners may have run CP-SAT here (static offsets): Ctrl-C is ours again
     run.stats["start_planner"] = base.planner
     run.stats["start_makespan_us"] = base_tl.metrics.makespan_ns / 1000
     best_plan, best_tl = base, base_tl
     compute = sum(op_durations_ns(graph, hw).values())
+    # Makespan >= the compute (one compute stream): a plan at it is optimal over every plan.
+    run.stats["compute_us"] = compute / 1000
     floor, why = _hbm_floor(graph)
     try:
-        if hw.hbm_bytes < floor:
+        if run.interrupted:
+            result = None
+            run.stats.setdefault("model", "none")
+        elif hw.hbm_bytes < floor:
             result = None
             run.notes.append(f"infeasible: the HBM budget of {hw.hbm_bytes} B is below {why} ({floor} B); no plan "
                              "can fit")
-            run.stats.update(status="INFEASIBLE", model="none")
+            run.stats.update(status="INFEASIBLE", model="none", stop="infeasible")
         elif objective == "makespan" and base_tl.valid and base_tl.metrics.makespan_ns <= compute:
             result = None
             run.notes.append(f"the starting plan ({base.planner}) already runs at the compute bound: optimal")
-            run.stats.update(optimal=True, model="none", status="OPTIMAL")
+            run.stats.update(optimal=True, model="none", status="OPTIMAL", stop="compute_bound")
         else:
             result = _optimise(run, base, base_tl, objective, makespan_limit_us, whole_max_ops, window_ops, log)
+    except KeyboardInterrupt:
+        # Ctrl-C outside a solve (decoding, the executor, HBM placement): the starting plan is the best valid plan
+        # at hand.
+        result = None
+        run.interrupt()
     except Exception as exc:  # noqa: BLE001 - any failure falls back to the starting plan
         result = None
         run.notes.append(f"cpsat failed ({type(exc).__name__}: {exc}); returning the {base.planner} plan")
+        run.stats["stop"] = "failed"
     if result is not None:
         plan, tl = result
         if _better(tl, best_tl, objective):
             best_plan, best_tl = plan, tl
         elif tl.valid:
             run.notes.append(f"cpsat found nothing better than its starting plan ({base.planner}); it returns that")
-    if objective == "makespan" and hw.hbm_bytes >= floor:
+    run.stats["returned"] = "start" if best_plan is base else "cpsat"
+    if objective == "makespan" and hw.hbm_bytes >= floor and not run.interrupted:
         best_plan, best_tl = _prove_small(run, best_plan, best_tl)
     run.stats["runtime_s"] = round(run.elapsed, 3)
     run.stats["makespan_us"] = best_tl.metrics.makespan_ns / 1000
@@ -270,6 +360,7 @@ def _prove_small(run: Run, plan: Plan, tl: Timeline) -> tuple[Plan, Timeline]:
     found_tl = simulate(run.graph, run.hw, found)
     if found_tl.valid and found_tl.metrics.makespan_ns < tl.metrics.makespan_ns:
         plan, tl = found, found_tl
+        run.stats["returned"] = "exact"
     above = tl.metrics.makespan_ns - st["optimum_ns"]
     run.notes.append("proven optimal over every order by the exact search" if above <= 0 else
                      f"the exact search over every order proves the optimum is {st['optimum_ns']} ns: this plan runs "
@@ -366,6 +457,12 @@ def starting_plan(run: Run, start: str = "auto") -> tuple[Plan, Timeline]:
             else:
                 plan = fn(g, hw)
                 cands.append((plan, simulate(g, hw, plan)))
+        except KeyboardInterrupt:
+            # Ctrl-C: with a valid candidate in hand, that is the answer; without one there is nothing to return.
+            if not any(tl.valid for _p, tl in cands):
+                raise
+            run.interrupt()
+            break
         except Exception as exc:  # noqa: BLE001
             run.notes.append(f"starting planner {name} failed: {exc}")
             continue
@@ -379,6 +476,11 @@ def starting_plan(run: Run, start: str = "auto") -> tuple[Plan, Timeline]:
                 try:
                     plan = PLANNERS["greedy-sweep"](g, hw)
                     cands.append((plan, simulate(g, hw, plan)))
+                except KeyboardInterrupt:
+                    if not any(tl.valid for _p, tl in cands):
+                        raise
+                    run.interrupt()
+                    break
                 except Exception as exc:  # noqa: BLE001
                     run.notes.append(f"greedy sweep failed: {exc}")
             else:
@@ -446,7 +548,7 @@ def _optimise(run: Run, base: Plan, base_tl: Timeline, objective: str, makespan_
         if run.left() < need:
             run.notes.append(f"no time for the search: it needs about {need:.0f} s on this graph, "
                              f"{max(0.0, run.left()):.0f} s were left after the starting plan")
-            run.stats.update(model="none", status="NOT_RUN")
+            run.stats.update(model="none", status="NOT_RUN", stop="no_time")
             return None
     run.report(phase="model")
     p, asg = prepare(run, base, base_tl)
@@ -507,6 +609,7 @@ def _whole(run: Run, p: Problem, asg: Assignment, objective: str, limit_ticks, l
     wall = run.left()
     if wall <= 0.2:
         run.notes.append("no time left for CP-SAT after building the model")
+        run.stats["stop"] = "no_time"
         return None
     # Deterministic mode: a deterministic budget that depends on the limit only, never on the clock.
     det = DET_PER_WALL * run.time_limit * (1 - RESERVE - 0.1) if run.deterministic else None
@@ -516,14 +619,21 @@ def _whole(run: Run, p: Problem, asg: Assignment, objective: str, limit_ticks, l
     def on_progress(kind, elapsed, obj, bound):
         run.report(phase="solve", incumbent_us=_us(p, m, obj), bound_us=_us(p, m, bound))
 
-    res = worker.solve(m.m, params, wall, on_progress)
+    run.log(f"# cpsat: the whole model ({len(p.ops)} ops, {run.stats['variables']} variables)")
+    res = worker.solve(m.m, params, wall, on_progress, on_log=run.log_sink if log else None)
     run.det_used += res.deterministic_time
     run.stats.update(status=res.status, solver_wall_s=round(res.wall_s, 3),
                      deterministic_time=round(res.deterministic_time, 3), solutions=res.solutions, model="whole")
-    if log:
+    if log and run.log_sink is None:
         run.stats["log"] = res.log
     run.notes.extend(res.notes)
-    if res.killed and run.deterministic:
+    run.stats["stop"] = stop_reason(res)
+    if res.interrupted:
+        run.interrupt()
+    elif run.deterministic and (res.killed or (res.status in ("FEASIBLE", "UNKNOWN") and det is not None
+                                                and res.deterministic_time < 0.99 * det)):
+        # Stopped by the clock (killed, or CP-SAT's own wall-clock limit before its deterministic one): another run
+        # may get further.
         run.notes.append("the wall-clock limit stopped the solver first: this run may not be reproducible")
     if res.bound is not None:
         run.stats["model_bound_ticks"] = res.bound
@@ -536,6 +646,19 @@ def _whole(run: Run, p: Problem, asg: Assignment, objective: str, limit_ticks, l
     run.stats["optimal"] = res.status == "OPTIMAL"
     sols = [m.read(res.values)] + [m.read(v) for _obj, v in reversed(res.history) if v is not res.values]
     return finish(run, p, sols)
+
+
+def stop_reason(res: worker.SolveResult) -> str:
+    """Why a solve ended, as a key of ``planner.quality.STOP_REASONS``."""
+    if res.interrupted:
+        return "interrupted"
+    if res.status == "OPTIMAL":
+        return "optimal"
+    if res.status == "INFEASIBLE":
+        return "infeasible"
+    if res.status in ("CRASHED", "MODEL_INVALID"):
+        return "failed"
+    return "time_limit"  # FEASIBLE, UNKNOWN (no solution in time) or TIMEOUT (killed at the deadline)
 
 
 def _us(p: Problem, m: Model, value) -> float | None:
@@ -595,6 +718,8 @@ def place_hbm(run: Run, p: Problem, cands: list[tuple[Plan, Timeline]]) -> tuple
             if static_tl.valid and (k == 0 or static_tl.metrics.makespan_ns <= caching_run()[1].metrics.makespan_ns
                                     or not caching_run()[1].valid):
                 run.stats["offset_height_bytes"] = height
+                # A slower solution than the best is not the one CP-SAT proved optimal.
+                run.stats["slower_solution_placed"] = bool(k)
                 if k:
                     run.notes.append("the best solution's static HBM offsets did not fit the budget; a slightly "
                                      "slower solution's did")

@@ -7,6 +7,11 @@ kills the child, keeping the best solution it received. A crash of the solver (t
 status ``CRASHED``. Where fork is not available, the solve runs in-process with a watchdog thread that calls
 ``stop_search``.
 
+Ctrl-C: the child ignores SIGINT (a terminal sends it to the whole process group), so only the parent reacts: a
+KeyboardInterrupt while it waits kills the child and returns the best solution received so far, with
+``interrupted`` set, for the caller to finish its plan with. CP-SAT's search log, when asked for, is streamed line
+by line to the caller's ``on_log`` (never to stdout: ``--json`` output stays clean).
+
 The solution callback reads the response proto only (reading variables one by one in a callback is slow).
 """
 
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -38,6 +44,7 @@ class SolveResult:
     solutions: int = 0
     log: str = ""
     killed: bool = False
+    interrupted: bool = False  # Ctrl-C (KeyboardInterrupt) stopped the solve; the best solution so far is kept
     notes: list[str] = field(default_factory=list)
     history: list[tuple[float, list[int]]] = field(default_factory=list)  # every solution received, in order
 
@@ -72,10 +79,16 @@ class _Callback(cp_model.CpSolverSolutionCallback):
             self.pending = msg
 
 
-def _child(model: cp_model.CpModel, params: dict, conn) -> None:
+def _child(model: cp_model.CpModel, params: dict, conn, stream_log: bool) -> None:
     try:
+        # The parent handles Ctrl-C (it keeps the best solution and kills this process); CP-SAT's own SIGINT
+        # handler would only race it.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         solver = cp_model.CpSolver()
         _params(solver, params)
+        solver.parameters.catch_sigint_signal = False
+        if stream_log:
+            solver.log_callback = lambda line: conn.send(("log", line))
         cb = _Callback(conn.send)
         solver.best_bound_callback = lambda b: conn.send(("bound", b))
         status = solver.solve(model, cb)
@@ -96,25 +109,42 @@ def _child(model: cp_model.CpModel, params: dict, conn) -> None:
         os._exit(0)
 
 
+def python_sigint() -> None:
+    """Give SIGINT back to Python's handler (KeyboardInterrupt). A CP-SAT solve in this process (static offsets,
+    the exact search) installs its own handler and leaves SIGINT at the default action, which kills the process
+    at once, with no plan written; Python's view (``signal.getsignal``) does not see that. Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler):
+        signal.signal(signal.SIGINT, handler)
+
+
 def solve(model: cp_model.CpModel, params: dict, wall_limit_s: float,
-          on_progress: Callable[[str, float, float | None, float | None], None] | None = None) -> SolveResult:
+          on_progress: Callable[[str, float, float | None, float | None], None] | None = None,
+          on_log: Callable[[str], None] | None = None) -> SolveResult:
     """Solve ``model`` with ``params`` (SatParameters fields); return within ``wall_limit_s`` plus a grace.
 
     ``on_progress(kind, elapsed_s, objective, bound)`` is called in this process for each solution and bound the
-    solver reports.
+    solver reports; ``on_log(line)`` for each line of CP-SAT's search log (``log_search_progress`` is then set).
+    A KeyboardInterrupt stops the solve: the result keeps the best solution so far and has ``interrupted`` set.
     """
     params = dict(params)
     params.setdefault("max_time_in_seconds", max(0.05, wall_limit_s))
+    if on_log is not None:
+        params["log_search_progress"] = True
+        params["log_to_stdout"] = False
+    python_sigint()
     if "fork" in mp.get_all_start_methods():
-        return _solve_forked(model, params, wall_limit_s, on_progress)
-    return _solve_threaded(model, params, wall_limit_s, on_progress)
+        return _solve_forked(model, params, wall_limit_s, on_progress, on_log)
+    return _solve_threaded(model, params, wall_limit_s, on_progress, on_log)
 
 
-def _solve_forked(model, params, wall_limit_s, on_progress) -> SolveResult:
+def _solve_forked(model, params, wall_limit_s, on_progress, on_log=None) -> SolveResult:
     ctx = mp.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
     t0 = time.monotonic()
-    proc = ctx.Process(target=_child, args=(model, params, child), daemon=True)
+    proc = ctx.Process(target=_child, args=(model, params, child, on_log is not None), daemon=True)
     proc.start()
     child.close()
     res = SolveResult(status="UNKNOWN")
@@ -145,7 +175,10 @@ def _solve_forked(model, params, wall_limit_s, on_progress) -> SolveResult:
                 res.notes.append("the solver process ended without an answer")
                 break
             kind = msg[0]
-            if kind == "sol":
+            if kind == "log":
+                if on_log is not None:
+                    on_log(msg[1])
+            elif kind == "sol":
                 _, wall, obj, bound, values = msg
                 res.objective, res.bound, res.values = obj, bound, values
                 res.history.append((obj, values))
@@ -169,6 +202,9 @@ def _solve_forked(model, params, wall_limit_s, on_progress) -> SolveResult:
                 res.status = "CRASHED"
                 res.notes.append(f"the solver failed: {msg[1]}")
                 done = True
+    except KeyboardInterrupt:
+        # Ctrl-C: the best solution received so far stands (the child is killed below).
+        res.interrupted = True
     finally:
         if proc.is_alive():
             proc.kill()
@@ -178,9 +214,11 @@ def _solve_forked(model, params, wall_limit_s, on_progress) -> SolveResult:
     return res
 
 
-def _solve_threaded(model, params, wall_limit_s, on_progress) -> SolveResult:
+def _solve_threaded(model, params, wall_limit_s, on_progress, on_log=None) -> SolveResult:
     solver = cp_model.CpSolver()
     _params(solver, params)
+    if on_log is not None:
+        solver.log_callback = on_log
     t0 = time.monotonic()
     res = SolveResult(status="UNKNOWN")
 
@@ -214,6 +252,9 @@ def _solve_threaded(model, params, wall_limit_s, on_progress) -> SolveResult:
         res.bound = solver.best_objective_bound
         res.deterministic_time = solver.deterministic_time
         res.log = solver.solve_log if params.get("log_search_progress") else ""
+    except KeyboardInterrupt:
+        solver.stop_search()
+        res.interrupted = True
     except Exception as exc:  # noqa: BLE001
         res.status = "CRASHED"
         res.notes.append(f"the solver failed: {exc!r}")
