@@ -24,6 +24,7 @@ import bisect
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import NamedTuple
 
 import numpy as np
@@ -79,13 +80,13 @@ class CachingAllocator:
         self.free_start: dict[int, int] = {}  # start -> size
         self.free_end: dict[int, int] = {}  # end -> start
         self.by_size: list[tuple[int, int]] = []  # (size, start), sorted
-        # Live blocks in the arena: name -> slot of arrays of starts and sizes, so that a compaction moves them
-        # all in numpy (runs with hundreds of compactions of tens of thousands of blocks spent seconds in Python).
+        # Live blocks in the arena: name -> slot of lists of starts and sizes, so that a compaction moves them all
+        # at once in numpy (runs with hundreds of compactions of tens of thousands of blocks spent seconds in
+        # Python). Lists, not arrays, between compactions: numpy's per-element access was slower per alloc and free.
         self._slot: dict[str, int] = {}
-        self._starts = np.zeros(64, dtype=np.int64)
-        self._sizes = np.zeros(64, dtype=np.int64)
+        self._starts: list[int] = []
+        self._sizes: list[int] = []
         self._spare: list[int] = []  # freed slots
-        self._used_slots = 0
         self.overflow: dict[str, tuple[int, int]] = {}  # name -> (start, size) above the arena
         self.free_bytes = 0
         self.high_water = 0
@@ -98,19 +99,17 @@ class CachingAllocator:
     @property
     def blocks(self) -> dict[str, tuple[int, int]]:
         """Live blocks in the arena: name -> (start, size)."""
-        return {name: (int(self._starts[s]), int(self._sizes[s])) for name, s in self._slot.items()}
+        return {name: (self._starts[s], self._sizes[s]) for name, s in self._slot.items()}
 
     def _put(self, name: str, start: int, size: int) -> None:
         if self._spare:
             slot = self._spare.pop()
+            self._starts[slot] = start
+            self._sizes[slot] = size
         else:
-            slot = self._used_slots
-            self._used_slots += 1
-            if slot >= len(self._starts):
-                self._starts = np.concatenate([self._starts, np.zeros_like(self._starts)])
-                self._sizes = np.concatenate([self._sizes, np.zeros_like(self._sizes)])
-        self._starts[slot] = start
-        self._sizes[slot] = size
+            slot = len(self._starts)
+            self._starts.append(start)
+            self._sizes.append(size)
         self._slot[name] = slot
 
     # -- the free list
@@ -135,7 +134,7 @@ class CachingAllocator:
     # -- the interface
     def alloc(self, name: str, nbytes: int, time_ns: int = 0, step: int | None = None) -> int:
         """Allocate ``nbytes`` for ``name``; return its address (compacting first when fragmentation demands)."""
-        size = self._round(nbytes)
+        size = nbytes if self.alignment == 1 else self._round(nbytes)
         i = bisect.bisect_left(self.by_size, (size, -1))
         if i == len(self.by_size):
             if self.free_bytes >= size:
@@ -152,12 +151,21 @@ class CachingAllocator:
                 self.overflow[name] = (top, size)
                 self.high_water = max(self.high_water, top + size)
                 return top
-        fsize, start = self.by_size[i]
-        self._remove_free(start)
+        # The free list's helpers, inline: alloc and free run once per allocation record (100k+ on large plans).
+        by_size = self.by_size
+        fsize, start = by_size[i]
+        del by_size[i]
+        del self.free_start[start]
+        del self.free_end[start + fsize]
+        self.free_bytes -= size
         if fsize > size:
-            self._add_free(start + size, fsize - size)
+            rest = start + size
+            self.free_start[rest] = fsize - size
+            self.free_end[start + fsize] = rest
+            bisect.insort(by_size, (fsize - size, rest))
         self._put(name, start, size)
-        self.high_water = max(self.high_water, start + size)
+        if start + size > self.high_water:
+            self.high_water = start + size
         return start
 
     def free(self, name: str) -> None:
@@ -166,29 +174,40 @@ class CachingAllocator:
             return
         slot = self._slot.pop(name)
         self._spare.append(slot)
-        start, size = int(self._starts[slot]), int(self._sizes[slot])
+        start, size = self._starts[slot], self._sizes[slot]
         end = start + size
-        if start in self.free_end:  # a free neighbour below
-            below = self.free_end[start]
-            size += self._remove_free(below)
+        free_start, free_end, by_size = self.free_start, self.free_end, self.by_size
+        self.free_bytes += size
+        below = free_end.pop(start, None)
+        if below is not None:  # a free neighbour below: merge it (the free list's helpers, inline)
+            z = free_start.pop(below)
+            del by_size[bisect.bisect_left(by_size, (z, below))]
+            size += z
             start = below
-        if end in self.free_start:  # a free neighbour above
-            size += self._remove_free(end)
-        self._add_free(start, size)
+        z = free_start.pop(end, None)
+        if z is not None:  # a free neighbour above
+            del free_end[end + z]
+            del by_size[bisect.bisect_left(by_size, (z, end))]
+            size += z
+        free_start[start] = size
+        free_end[start + size] = start
+        bisect.insort(by_size, (size, start))
 
     def _compact(self) -> int:
         """Move every live block down, in address order; return the bytes moved."""
         cur = moved = 0
         if self._slot:
             slots = np.fromiter(self._slot.values(), dtype=np.int64, count=len(self._slot))
-            starts = self._starts[slots]
+            all_starts = np.array(self._starts, dtype=np.int64)
+            starts = all_starts[slots]
             order = np.argsort(starts, kind="stable")  # live blocks never share a start
             slots, starts = slots[order], starts[order]
-            sizes = self._sizes[slots]
+            sizes = np.array(self._sizes, dtype=np.int64)[slots]
             new = np.cumsum(sizes) - sizes
             moved = int(sizes[starts != new].sum())
             cur = int(sizes.sum())
-            self._starts[slots] = new
+            all_starts[slots] = new
+            self._starts = all_starts.tolist()
         self.free_start.clear()
         self.free_end.clear()
         self.by_size.clear()
@@ -206,11 +225,12 @@ def replay_caching(
 ) -> AllocatorReport:
     """Replay an allocation log through a ``CachingAllocator`` and return what it counted."""
     a = CachingAllocator(capacity, hbm_bandwidth_Bps, alignment)
-    for r in log:
-        if r.op == ALLOC:
-            a.alloc(r.name, r.bytes, r.time_ns, r.step)
-        elif r.name in a._slot or r.name in a.overflow:
-            a.free(r.name)
+    alloc, free, live, overflow = a.alloc, a.free, a._slot, a.overflow
+    for time_ns, op, name, nbytes, step in log:
+        if op == ALLOC:
+            alloc(name, nbytes, time_ns, step)
+        elif name in live or name in overflow:
+            free(name)
     return a.report()
 
 
@@ -224,7 +244,7 @@ def residency_instances(residencies: Iterable[Residency], tier: str = "hbm") -> 
     """Return the ``tier`` residencies with their instance number: the k-th residency of a name, by start."""
     count: dict[str, int] = {}
     out = []
-    for r in sorted((r for r in residencies if r.tier == tier), key=lambda r: (r.start_ns, r.end_ns, r.name)):
+    for r in sorted([r for r in residencies if r.tier == tier], key=attrgetter("start_ns", "end_ns", "name")):
         k = count.get(r.name, 0)
         count[r.name] = k + 1
         out.append((r, k))
@@ -251,41 +271,135 @@ def check_offsets(
     allocation that overlaps one already live). Allocations of zero duration are not checked.
     """
     violations: list[Violation] = []
-    items = []
-    for r, k in residency_instances(residencies, tier):
-        if live_end(r) <= r.start_ns:
-            continue
-        off = offset_of(offsets, r.name, k)
-        tensor = None if r.name.startswith("workspace:") else r.name
-        op = r.name[len("workspace:"):] if r.name.startswith("workspace:") else None
+    items: list[Residency] = []
+    offs: list[int] = []
+    starts: list[int] = []
+    ends: list[int] = []
+    get = offsets.get
+    # residency_instances and offset_of, inline: this loop runs once per HBM allocation (100k+ on large plans).
+    count: dict[str, int] = {}
+    for r in sorted([r for r in residencies if r.tier == tier], key=attrgetter("start_ns", "end_ns", "name")):
+        name = r.name
+        k = count.get(name, 0)
+        count[name] = k + 1
+        start, end = r.start_ns, r.end_ns
+        if end <= start:
+            if not r.until_end:  # zero duration: not checked
+                continue
+            end = start + 1  # live_end(r)
+        v = get(name)
+        off = v if v is None or isinstance(v, int) else int(v[k]) if k < len(v) else None
         if off is None or off < 0:
-            violations.append(Violation("offset_missing", r.start_ns, f"no HBM offset for allocation #{k} of "
-                                        f"{r.name!r}", tensor=tensor, op=op))
+            tensor, op = _tensor_or_op(name)
+            violations.append(Violation("offset_missing", start, f"no HBM offset for allocation #{k} of "
+                                        f"{name!r}", tensor=tensor, op=op))
             continue
         if off + r.bytes > capacity:
+            tensor, op = _tensor_or_op(name)
             violations.append(Violation(
-                "capacity", r.start_ns,
+                "capacity", start,
                 f"offset {off} + {r.bytes} B ends at {off + r.bytes} B, above the {tier} capacity of {capacity} B",
                 tensor=tensor, op=op,
             ))
-        items.append((r, off))
-    height = max((off + r.bytes for r, off in items), default=0)
-    # Sweep in time; frees before allocations at equal times. ``live`` is sorted by offset.
-    ev = []
-    for idx, (r, _off) in enumerate(items):
-        ev.append((r.start_ns, 1, idx))
-        ev.append((live_end(r), 0, idx))
-    ev.sort()
+        items.append(r)
+        offs.append(off)
+        starts.append(start)
+        ends.append(end)
+    tops = [off + r.bytes for r, off in zip(items, offs)]
+    height = max(tops, default=0)
+    # Sweep in time; frees before allocations at equal times. An event is its item's index (an allocation) or its
+    # complement (a free).
+    n = len(items)
+    idx = np.arange(n, dtype=np.int64)
+    order = np.lexsort((
+        np.concatenate((idx, idx)), np.concatenate((np.ones(n, dtype=np.int8), np.zeros(n, dtype=np.int8))),
+        np.array(starts + ends, dtype=np.int64),
+    ))
+    events = np.where(order < n, order, ~(order - n)).tolist()
+    if not _disjoint(events, offs, tops):
+        violations += _overlaps(events, list(zip(items, offs)))
+    return violations, height
+
+
+def _tensor_or_op(name: str) -> tuple[str | None, str | None]:
+    """A Violation's (tensor, op) for an allocation: a tensor, or the op of a ``workspace:OP``."""
+    return (None, name[len("workspace:"):]) if name.startswith("workspace:") else (name, None)
+
+
+def _disjoint(events: list[int], offs: list[int], tops: list[int], load: int = 256) -> bool:
+    """True when no allocation overlaps (in address) one live when it is made: ``_overlaps`` would find nothing.
+
+    While the live blocks are disjoint, only the live block just below an allocation's offset and the one just
+    above can overlap it. They are kept sorted by offset in chunks of at most ``2 * load`` (offsets are unique
+    among disjoint blocks of positive size): a single sorted list of tens of thousands of live blocks spent most
+    of the check moving its entries on each insertion.
+    """
+    chunks: list[list[int]] = []  # sorted, non-empty
+    maxes: list[int] = []  # each chunk's last offset
+    top_at: dict[int, int] = {}  # live offset -> its end address
+    bisect_left = bisect.bisect_left
+    for idx in events:
+        if idx < 0:
+            off = offs[~idx]
+            c = bisect_left(maxes, off)
+            chunk = chunks[c]
+            j = bisect_left(chunk, off)
+            del chunk[j]
+            del top_at[off]
+            if not chunk:
+                del chunks[c]
+                del maxes[c]
+            elif j == len(chunk):
+                maxes[c] = chunk[-1]
+            continue
+        off = offs[idx]
+        c = bisect_left(maxes, off)
+        top = tops[idx]
+        if c < len(chunks):
+            chunk = chunks[c]
+            j = bisect_left(chunk, off)
+            if chunk[j] < top:  # the block at or above ``off``
+                return False
+            below = chunk[j - 1] if j else (maxes[c - 1] if c else None)
+        else:
+            chunk = None
+            below = maxes[-1] if maxes else None
+        if below is not None and top_at[below] > off:
+            return False
+        top_at[off] = top
+        if chunk is None:
+            if chunks:
+                chunks[-1].append(off)
+                maxes[-1] = off
+                c = len(chunks) - 1
+            else:
+                chunks.append([off])
+                maxes.append(off)
+                continue
+        else:
+            chunk.insert(j, off)
+        chunk = chunks[c]
+        if len(chunk) > 2 * load:
+            chunks[c:c + 1] = [chunk[:load], chunk[load:]]
+            maxes[c:c + 1] = [chunk[load - 1], chunk[-1]]
+    return True
+
+
+def _overlaps(events: list[int], items: list[tuple[Residency, int]]) -> list[Violation]:
+    """The ``offset_overlap`` violations of ``check_offsets``, from its time-ordered events (item index: an
+    allocation; its complement: a free)."""
+    violations: list[Violation] = []
     live: list[tuple[int, int, int]] = []  # (offset, end address, idx)
     max_size = max((r.bytes for r, _ in items), default=0)
     # Live allocations that overlapped another when they started. While there are none, the live blocks are
     # disjoint, so sorted by offset their ends are sorted too and only the block just below can reach ``off``:
     # the backward scan below (the same answer) is needed only then, and was quadratic on large timelines.
     clashing: set[int] = set()
-    for _t, kind, idx in ev:
+    for e in events:
+        idx = e if e >= 0 else ~e
         r, off = items[idx]
         key = (off, off + r.bytes, idx)
-        if kind == 0:
+        if e < 0:
             j = bisect.bisect_left(live, key)
             if j < len(live) and live[j] == key:
                 del live[j]
@@ -308,15 +422,15 @@ def check_offsets(
             clashing.add(idx)
         if clash is not None:
             other = items[clash[2]][0]
+            tensor, op = _tensor_or_op(r.name)
             violations.append(Violation(
                 "offset_overlap", r.start_ns,
                 f"HBM [{off}, {off + r.bytes}) overlaps {other.name!r} at [{clash[0]}, {clash[1]}), live since "
                 f"{other.start_ns / 1000:.3f}us",
-                tensor=None if r.name.startswith("workspace:") else r.name,
-                op=r.name[len("workspace:"):] if r.name.startswith("workspace:") else None,
+                tensor=tensor, op=op,
             ))
         live.insert(j, key)
-    return violations, height
+    return violations
 
 
 __all__ = [

@@ -23,7 +23,8 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from operator import attrgetter
+from itertools import chain
+from typing import NamedTuple
 
 import numpy as np
 
@@ -80,33 +81,39 @@ def _simulate(graph: Graph, hw: Hardware, plan: Plan, durations_ns: dict[str, in
         empty = Metrics(0, 0, 0, {t.name: 0 for t in hw.tiers}, {ln.name: 0 for ln in hw.links}, 0, 0)
         return Timeline(steps=(), residencies=(), metrics=empty, violations=tuple(problems))
     durations = durations_ns if durations_ns is not None else op_durations_ns(graph, hw)
-    timings, stall_ns = _time_steps(graph, hw, plan.steps, durations)
     start = start_tiers(graph, plan.placement)
-    replay = _Replay(graph, hw, plan.steps, timings, start)
-    residencies, violations = replay.run()
+    prog = _Program(graph, hw, plan.steps, durations, start)
+    caching = allocator and not plan.offsets
+    times = _time_steps(prog)
+    replayed = _replay(prog, times, start, log_hbm=caching)
+    residencies = None
     extra: dict = {"allocator": "none"}
     if plan.offsets:
+        residencies = replayed.residencies()
         off_violations, height = check_offsets(residencies, plan.offsets, hw.hbm_bytes, HBM)
-        violations += off_violations
+        replayed.violations.extend(off_violations)
         extra = {"allocator": "static", "offset_height_bytes": height}
-    elif allocator:
-        report = replay_caching(replay.hbm_log, hw.hbm_bytes, hw.hbm_bandwidth_Bps)
+    elif caching:
+        report = replay_caching(replayed.hbm_log, hw.hbm_bytes, hw.hbm_bandwidth_Bps)
         if report.defrags:
             # One re-run of the timing with the compaction delays; the allocator's counts are those of the replay
             # before the delays (the delays are assumed not to reorder allocations). See README.md.
-            delays = _defrag_delays(report, plan.steps, timings)
-            timings, stall_ns = _time_steps(graph, hw, plan.steps, durations, delays)
-            replay = _Replay(graph, hw, plan.steps, timings, start)
-            residencies, violations = replay.run()
+            delays = _defrag_delays(report, prog, times.starts)
+            times = _time_steps(prog, delays)
+            replayed = _replay(prog, times, start, log_hbm=False)
         extra = {
             "allocator": "caching", "defrag_events": len(report.defrags), "defrag_ns": report.defrag_ns,
             "fragmentation_failures": report.fragmentation_failures, "offset_height_bytes": report.high_water_bytes,
         }
-    sweeps = _sweeps(residencies)
-    violations += _capacity_violations(hw, residencies, sweeps)
-    metrics = replace(_metrics(graph, hw, plan.steps, timings, residencies, stall_ns, sweeps), **extra)
+    if residencies is None:
+        residencies = replayed.residencies()
+    violations = replayed.violations
+    sweeps = _sweeps(prog, replayed)
+    violations += _capacity_violations(hw, prog, sweeps)
+    metrics = replace(_metrics(hw, prog, times, sweeps), **extra)
     violations.sort(key=_violation_order)
-    return Timeline(tuple(timings), tuple(residencies), metrics, tuple(violations))
+    timings = tuple(map(StepTiming, times.starts, times.ends, times.channels))
+    return Timeline(timings, tuple(residencies), metrics, tuple(violations))
 
 
 def with_static_offsets(graph: Graph, hw: Hardware, plan: Plan, timed: Timeline) -> Timeline:
@@ -129,19 +136,20 @@ def _violation_order(v: Violation) -> tuple[int, int, str]:
     return (v.time_ns, v.step if v.step is not None else -1, v.kind)
 
 
-def _defrag_delays(report: AllocatorReport, steps: tuple[Step, ...], timings: list[StepTiming]) -> dict[int, int]:
+def _defrag_delays(report: AllocatorReport, prog: _Program, starts: list[int]) -> dict[int, int]:
     """Step index -> delay added to its start: a compaction stops the device while it moves blocks.
 
     The step whose allocation triggered the compaction starts ``cost`` later; when that step is a transfer, so
     does the first compute step that starts at or after the event (the compute stream is stopped too).
     """
-    compute = [(timings[i].start_ns, i) for i, s in enumerate(steps) if s.stream == COMPUTE]
+    stream = prog.stream
+    compute = [(starts[i], i) for i in range(prog.n) if stream[i] < 0]
     delays: dict[int, int] = {}
     for d in report.defrags:
         if d.step is None or d.cost_ns <= 0:
             continue
         delays[d.step] = delays.get(d.step, 0) + d.cost_ns
-        if steps[d.step].stream != COMPUTE:
+        if stream[d.step] >= 0:
             j = bisect.bisect_left(compute, (d.time_ns, -1))
             if j < len(compute):
                 c = compute[j][1]
@@ -154,36 +162,41 @@ def check_program(graph: Graph, hw: Hardware, plan: Plan) -> list[Violation]:
     out: list[Violation] = []
     links = {ln.name: ln for ln in hw.links}
     seen: dict[str, int] = {}
+    op_index, tensors = graph.op_index, graph.tensors
+    compute_kind, detach_kind, prefetch_kind = StepKind.COMPUTE, StepKind.DETACH, StepKind.PREFETCH
 
     def bad(i: int, msg: str, op: str | None = None, tensor: str | None = None) -> None:
         out.append(Violation("program", 0, msg, step=i, op=op, tensor=tensor))
 
     for i, s in enumerate(plan.steps):
-        if s.waits and (min(s.waits) < 0 or max(s.waits) >= i):
-            bad(i, f"waits for step(s) {[w for w in s.waits if w < 0 or w >= i]} that do not come before it")
-        if s.kind is StepKind.COMPUTE:
-            if s.target not in graph.op_index:
-                bad(i, f"unknown op {s.target!r}", op=s.target)
-            elif s.target in seen:
-                bad(i, f"op runs twice (also step {seen[s.target]})", op=s.target)
+        waits = s.waits
+        if waits and (min(waits) < 0 or max(waits) >= i):
+            bad(i, f"waits for step(s) {[w for w in waits if w < 0 or w >= i]} that do not come before it")
+        kind, target, stream = s.kind, s.target, s.stream
+        if kind is compute_kind:
+            if target not in op_index:
+                bad(i, f"unknown op {target!r}", op=target)
+            elif target in seen:
+                bad(i, f"op runs twice (also step {seen[target]})", op=target)
             else:
-                seen[s.target] = i
-            if s.stream != COMPUTE:
-                bad(i, f"compute step on stream {s.stream!r}", op=s.target)
+                seen[target] = i
+            if stream != COMPUTE:
+                bad(i, f"compute step on stream {stream!r}", op=target)
             continue
-        if s.target not in graph.tensors:
-            bad(i, f"unknown tensor {s.target!r}", tensor=s.target)
-        if s.kind is StepKind.DETACH:
-            if s.stream != COMPUTE and s.stream not in links:
-                bad(i, f"unknown stream {s.stream!r}", tensor=s.target)
+        if target not in tensors:
+            bad(i, f"unknown tensor {target!r}", tensor=target)
+        if kind is detach_kind:
+            if stream != COMPUTE and stream not in links:
+                bad(i, f"unknown stream {stream!r}", tensor=target)
             continue
-        link = links.get(s.stream)
+        link = links.get(stream)
         if link is None:
-            bad(i, f"{s.kind.value} on unknown link {s.stream!r}", tensor=s.target)
-        elif s.kind is StepKind.PREFETCH and link.dst != HBM:
-            bad(i, f"prefetch on link {link.name!r}, which does not lead to HBM", tensor=s.target)
-        elif s.kind is StepKind.STORE and link.src != HBM:
-            bad(i, f"store on link {link.name!r}, which does not leave HBM", tensor=s.target)
+            bad(i, f"{kind.value} on unknown link {stream!r}", tensor=target)
+        elif kind is prefetch_kind:
+            if link.dst != HBM:
+                bad(i, f"prefetch on link {link.name!r}, which does not lead to HBM", tensor=target)
+        elif link.src != HBM:
+            bad(i, f"store on link {link.name!r}, which does not leave HBM", tensor=target)
     for op in graph.ops:
         if op.name not in seen:
             out.append(Violation("program", 0, "op never runs", op=op.name))
@@ -194,371 +207,466 @@ def check_program(graph: Graph, hw: Hardware, plan: Plan) -> list[Violation]:
             out.append(Violation("program", 0, "the graph leaves its starting tier to the planner (home 'auto') "
                                  "and the plan's placement does not state it", tensor=name))
     if not out:
-        for u, v in graph.dag.edges:
-            if seen[u] > seen[v]:
-                out.append(
-                    Violation("program", 0, f"runs before {u!r}, which it depends on", step=seen[v], op=v)
-                )
+        # The DAG's adjacency in edge order (what ``dag.edges`` yields, without its per-edge generator).
+        for u, succ in graph.dag.adj.items():
+            su = seen[u]
+            for v in succ:
+                if su > seen[v]:
+                    out.append(
+                        Violation("program", 0, f"runs before {u!r}, which it depends on", step=seen[v], op=v)
+                    )
     return out
 
 
-def _time_steps(
-    graph: Graph, hw: Hardware, steps: tuple[Step, ...], durations: dict[str, int],
-    delays: dict[int, int] | None = None,
-) -> tuple[list[StepTiming], int]:
+# Step kinds, as small ints for the per-step lists.
+_K_COMPUTE, _K_PREFETCH, _K_STORE, _K_DETACH = range(4)
+
+
+class _Program:
+    """A checked program with every name resolved to an index, once per run: the timing and the replay then work
+    on lists of ints (per step, per tensor, per op) instead of looking names up per event.
+
+    Allocations (``aid``) are numbered tensors first (the tensor's index), then one workspace per op
+    (``n_tensors + op index``).
+    """
+
+    __slots__ = (
+        "n", "kind", "target", "stream", "waits", "duration", "link_src", "link_dst", "channels",
+        "tiers", "hbm", "names", "tindex", "tensor_kind", "nbytes", "persistent", "n_tensors",
+        "op_names", "op_reads", "op_outputs", "op_updates", "op_workspace", "alloc_names", "alloc_kinds",
+        "alloc_bytes", "kind_a", "target_a", "op_step", "read_flat", "read_op", "output_flat", "output_op",
+    )
+
+    def __init__(self, graph: Graph, hw: Hardware, steps: tuple[Step, ...], durations: dict[str, int],
+                 start: dict[str, str]) -> None:
+        # The hardware's tiers, then any other a pinned tensor starts on (held, but not counted in the metrics).
+        self.tiers = list(dict.fromkeys([t.name for t in hw.tiers] + list(start.values())))
+        tier_index = {name: k for k, name in enumerate(self.tiers)}
+        self.hbm = tier_index[HBM]
+        links = hw.links
+        self.channels = [ln.channels for ln in links]
+        self.link_src = [tier_index[ln.src] for ln in links]
+        self.link_dst = [tier_index[ln.dst] for ln in links]
+        stream_index = {ln.name: k for k, ln in enumerate(links)}
+        stream_index[COMPUTE] = -1
+
+        tensors = list(graph.tensors.values())
+        self.names = names = list(graph.tensors)
+        self.tindex = tindex = {name: k for k, name in enumerate(names)}
+        self.n_tensors = len(names)
+        self.tensor_kind = [t.kind.value for t in tensors]
+        self.nbytes = nbytes = [t.bytes for t in tensors]
+        self.persistent = [t.persistent for t in tensors]
+        ops = graph.ops
+        self.op_names = [op.name for op in ops]
+        self.op_reads = [tuple([tindex[t] for t in op.reads]) for op in ops]
+        self.op_outputs = [tuple([tindex[t] for t in op.outputs]) for op in ops]
+        self.op_updates = [tuple([tindex[t] for t in op.updates]) for op in ops]
+        self.op_workspace = [op.workspace_bytes for op in ops]
+        self.alloc_names = names + ["workspace:" + op.name for op in ops]
+        self.alloc_kinds = self.tensor_kind + ["workspace"] * len(ops)
+        self.alloc_bytes = nbytes + self.op_workspace
+
+        # Column by column (C-level maps and comprehensions): a loop over the steps was most of this set-up.
+        self.n = len(steps)
+        self.waits = [s.waits for s in steps]
+        kinds, targets, streams = [s.kind for s in steps], [s.target for s in steps], [s.stream for s in steps]
+        compute_kind, prefetch_kind, store_kind = StepKind.COMPUTE, StepKind.PREFETCH, StepKind.STORE
+        self.kind = kind = [_K_COMPUTE if k is compute_kind else _K_PREFETCH if k is prefetch_kind
+                            else _K_STORE if k is store_kind else _K_DETACH for k in kinds]
+        self.stream = stream = list(map(stream_index.__getitem__, streams))
+        op_index = graph.op_index
+        self.target = target = [op_index[name] if k == _K_COMPUTE else tindex[name] for k, name in zip(kind, targets)]
+        # Transfer durations by (bytes, link): sizes repeat a lot.
+        moves = {(nbytes[t], sid) for k, t, sid in zip(kind, target, stream) if k == _K_PREFETCH or k == _K_STORE}
+        transfer_ns = {key: transfer_duration_ns(key[0], links[key[1]]) for key in moves}
+        self.duration = [durations[name] if k == _K_COMPUTE else 0 if k == _K_DETACH else transfer_ns[nbytes[t], sid]
+                         for k, name, t, sid in zip(kind, targets, target, stream)]
+        # The same as arrays, and every op's reads and outputs flattened (with their op), for numpy.
+        self.kind_a = np.array(kind, dtype=np.int8)
+        self.target_a = np.array(target, dtype=np.int64)
+        self.op_step = np.zeros(len(ops), dtype=np.int64)  # op -> its compute step (each op runs once)
+        computes = np.flatnonzero(self.kind_a == _K_COMPUTE)
+        self.op_step[self.target_a[computes]] = computes
+        self.read_flat, self.read_op = _flatten(self.op_reads)
+        self.output_flat, self.output_op = _flatten(self.op_outputs)
+
+
+def _flatten(per_op: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
+    """(every entry, the op it belongs to) of per-op tuples of tensor indices."""
+    counts = np.fromiter(map(len, per_op), dtype=np.int64, count=len(per_op))
+    flat = np.fromiter(chain.from_iterable(per_op), dtype=np.int64, count=int(counts.sum()))
+    return flat, np.repeat(np.arange(len(per_op), dtype=np.int64), counts)
+
+
+@dataclass
+class _Times:
+    """Each step's start, end and channel (``StepTiming``'s fields as lists), and the compute stream's stall."""
+
+    starts: list[int]
+    ends: list[int]
+    channels: list[int]
+    stall_ns: int
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(starts, ends) as arrays."""
+        return np.array(self.starts, dtype=np.int64), np.array(self.ends, dtype=np.int64)
+
+
+def _time_steps(prog: _Program, delays: dict[int, int] | None = None) -> _Times:
     """Return each step's start, end and channel, and the compute stream's stall time.
 
     ``delays`` (step index -> ns) pushes a step's start later (a defragmentation); it is not counted as stall.
     """
     delays = delays or {}
-    links = {ln.name: ln for ln in hw.links}
-    channel_free = {ln.name: [0] * ln.channels for ln in hw.links}
-    tensors = graph.tensors
-    transfer_ns: dict[tuple[int, str], int] = {}  # (bytes, link) -> ns: sizes repeat a lot
-    compute_kind, detach_kind = StepKind.COMPUTE, StepKind.DETACH
+    channel_free = [[0] * c for c in prog.channels]
+    stream = prog.stream
     compute_free = 0
     stall = 0
     starts: list[int] = []
     ends: list[int] = []
     chans: list[int] = []
-    on_compute = [s.stream == COMPUTE for s in steps]
-    for i, s in enumerate(steps):
-        waits = s.waits
-        ready = max(map(ends.__getitem__, waits)) if waits else 0
-        if on_compute[i]:
+    end_of = ends.__getitem__
+    for i, (waits, sid, dur) in enumerate(zip(prog.waits, stream, prog.duration)):
+        ready = max(map(end_of, waits)) if waits else 0
+        if sid < 0:
             start = compute_free if compute_free >= ready else ready
             if start > compute_free:
                 # Waiting on another compute step is ordinary; waiting on a transfer is a stall.
-                own = max(compute_free, max((ends[w] for w in waits if on_compute[w]), default=0))
+                own = max(compute_free, max((ends[w] for w in waits if stream[w] < 0), default=0))
                 stall += start - own
             if delays:
                 start += delays.get(i, 0)
-            end = start + (durations[s.target] if s.kind is compute_kind else 0)
-            compute_free = end
+            compute_free = end = start + dur
             starts.append(start)
             ends.append(end)
             chans.append(0)
             continue
-        free = channel_free[s.stream]
-        ch = 0 if len(free) == 1 else min(range(len(free)), key=lambda c: (free[c], c))
-        start = max(free[ch], ready) + (delays.get(i, 0) if delays else 0)
-        if s.kind is detach_kind:
-            end = start
-        else:
-            key = (tensors[s.target].bytes, s.stream)
-            ns = transfer_ns.get(key)
-            if ns is None:
-                ns = transfer_ns[key] = transfer_duration_ns(key[0], links[s.stream])
-            end = start + ns
-        free[ch] = end
+        free = channel_free[sid]
+        # The channel that frees first; the lowest on a tie.
+        ch = 0 if len(free) == 1 else free.index(min(free))
+        start = free[ch] if free[ch] >= ready else ready
+        if delays:
+            start += delays.get(i, 0)
+        free[ch] = end = start + dur
         starts.append(start)
         ends.append(end)
         chans.append(ch)
-    return list(map(StepTiming, starts, ends, chans)), stall
+    return _Times(starts, ends, chans, stall)
 
 
-# Replay handler codes (indices into ``_Replay._replay_events``'s handlers).
-_H_OP_START, _H_OP_END, _H_PREFETCH_START, _H_STORE_START, _H_STORE_END, _H_DETACH, _H_DIES = range(7)
-
-
-class _OpInfo:
-    """What the replay needs of an op, computed once (``Op.reads`` builds a new tuple on every access)."""
-
-    __slots__ = ("name", "reads", "outputs", "updates", "workspace_bytes", "workspace_name", "touched")
-
-    def __init__(self, op) -> None:
-        self.name = op.name
-        self.reads = op.reads
-        self.outputs = op.outputs
-        self.updates = op.updates
-        self.workspace_bytes = op.workspace_bytes
-        self.workspace_name = "workspace:" + op.name
-        self.touched = self.reads + self.outputs
+# Replay events. Their priority at equal times (``_EVENT_PRIORITY``): ends, then frees, then starts.
+_E_OP_START, _E_OP_END, _E_PREFETCH_START, _E_STORE_START, _E_STORE_END, _E_DETACH, _E_DIES = range(7)
+_EVENT_PRIORITY = np.array([_START, _OP_END, _START, _START, _STORE_END, _FREE, _FREE], dtype=np.int8)
+# A step's start event, by step kind.
+_START_EVENT = np.array([_E_OP_START, _E_PREFETCH_START, _E_STORE_START, _E_DETACH], dtype=np.int8)
 
 
 @dataclass
-class _TensorState:
-    resident: bool = False
-    usable_ns: int = 0
-    pins: int = 0
-    version: int = 0
-    dead: bool = False
+class _Replayed:
+    """What the replay found: the residencies in allocation order, as arrays (``residencies()`` makes the
+    objects, only for the run the Timeline keeps), the violations, and the HBM allocation log for the caching
+    allocator (when asked for)."""
+
+    prog: _Program
+    tier: np.ndarray
+    aid: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    until_end: np.ndarray
+    seq: np.ndarray
+    violations: list[Violation]
+    hbm_log: list[AllocRecord]
+
+    def residencies(self) -> list[Residency]:
+        tiers, prog = self.prog.tiers, self.prog
+        names, kinds, nbytes = prog.alloc_names, prog.alloc_kinds, prog.alloc_bytes
+        return [Residency(tiers[k], names[a], kinds[a], nbytes[a], st, en, until, seq)
+                for k, a, st, en, until, seq in zip(self.tier.tolist(), self.aid.tolist(), self.start.tolist(),
+                                                    self.end.tolist(), self.until_end.tolist(), self.seq.tolist())]
 
 
-class _Replay:
-    """Replays step starts and ends in time order, tracking copies, versions and allocations."""
+def _events(prog: _Program, arrays: tuple[np.ndarray, np.ndarray]) -> tuple[list[int], list[int], list[int]]:
+    """(times, event codes, step index or n + tensor index), in time order: ends, then frees, then starts at
+    equal times, then by step (the deaths of tensors after the steps, by tensor). A Prefetch's end changes
+    nothing and is not an event.
 
-    def __init__(self, graph: Graph, hw: Hardware, steps: tuple[Step, ...], timings: list[StepTiming],
-                 start: dict[str, str]) -> None:
-        self.g, self.hw, self.steps, self.t = graph, hw, steps, timings
-        self.start = start  # tensor no op produces -> the tier it starts on (and must be on when the step ends)
-        self.links = {ln.name: ln for ln in hw.links}
-        self.state = {name: _TensorState() for name in graph.tensors}
-        # remote[tensor][tier] = version of the completed copy there
-        self.remote: dict[str, dict[str, int]] = {name: {} for name in graph.tensors}
-        self.open: dict[tuple[str, str], tuple[int, int, str, int]] = {}
-        self.open_seq: list[str] = []
-        self.open_tiers: dict[str, dict[str, None]] = {}  # name -> tiers it is open on, in allocation order
-        self.residencies: list[Residency] = []
-        self.violations: list[Violation] = []
-        self.store_version: dict[int, int] = {}
-        # HBM allocations and frees in replay order, for the allocator models.
-        self.hbm_log: list[AllocRecord] = []
-        # Start times of the compute steps that read or update each tensor, to tell if a copy is still needed.
-        self.use_starts: dict[str, list[int]] = {name: [] for name in graph.tensors}
-        self._index_steps()
-        for i, op in enumerate(self.step_op):
-            if op is not None:
-                for tn in op.reads:
-                    self.use_starts[tn].append(timings[i].start_ns)
-        for v in self.use_starts.values():
-            v.sort()
+    A tensor that does not outlive the step dies at the latest end of a compute step that touches it or a Store
+    of it (if that end is after time 0).
+    """
+    n = prog.n
+    kind, target = prog.kind_a, prog.target_a
+    starts, ends = arrays
+    step = np.arange(n, dtype=np.int64)
+    has_end = (kind == _K_COMPUTE) | (kind == _K_STORE)
+    end_event = np.where(kind[has_end] == _K_COMPUTE, _E_OP_END, _E_STORE_END).astype(np.int8)
 
-    def _index_steps(self) -> None:
-        """Look every op and tensor up once: per event, ``graph.op()`` and ``Op.reads`` (a new tuple each call)
-        were most of the replay's time on large graphs."""
-        infos: dict[str, _OpInfo] = {}
-        self.step_op: list[_OpInfo | None] = []
-        for s in self.steps:
-            if s.kind is StepKind.COMPUTE:
-                info = infos.get(s.target)
-                if info is None:
-                    info = infos[s.target] = _OpInfo(self.g.op(s.target))
-                self.step_op.append(info)
-            else:
-                self.step_op.append(None)
-        # name -> (kind value, bytes)
-        self.tinfo = {name: (t.kind.value, t.bytes) for name, t in self.g.tensors.items()}
+    last_use = np.zeros(prog.n_tensors, dtype=np.int64)
+    op_ends = ends[prog.op_step]
+    np.maximum.at(last_use, prog.read_flat, op_ends[prog.read_op])
+    np.maximum.at(last_use, prog.output_flat, op_ends[prog.output_op])
+    is_store = kind == _K_STORE
+    np.maximum.at(last_use, target[is_store], ends[is_store])
+    dies = np.flatnonzero((last_use > 0) & ~np.array(prog.persistent, dtype=bool))
 
-    # -- allocation bookkeeping
-    def _alloc(self, tier: str, name: str, kind: str, nbytes: int, now: int, step: int | None = None) -> None:
-        self.open[(tier, name)] = (now, nbytes, kind, len(self.open_seq))
-        tiers = self.open_tiers.get(name)
-        if tiers is None:
-            tiers = self.open_tiers[name] = {}
-        tiers[tier] = None
-        self.open_seq.append(name)
-        if tier == HBM:
-            self.hbm_log.append(AllocRecord(now, ALLOC, name, nbytes, step))
+    t = np.concatenate((starts, ends[has_end], last_use[dies]))
+    code = np.concatenate((_START_EVENT[kind], end_event, np.full(len(dies), _E_DIES, dtype=np.int8)))
+    idx = np.concatenate((step, step[has_end], n + dies))
+    order = np.lexsort((idx, _EVENT_PRIORITY[code], t))
+    return t[order].tolist(), code[order].tolist(), idx[order].tolist()
 
-    def _free(self, tier: str, name: str, now: int, until_end: bool = False) -> None:
-        start, nbytes, kind, seq = self.open.pop((tier, name))
-        del self.open_tiers[name][tier]
-        self.residencies.append(Residency(tier, name, kind, nbytes, start, now, until_end, seq))
-        if tier == HBM and not until_end:
-            self.hbm_log.append(AllocRecord(now, FREE, name, nbytes))
 
-    def _violate(self, kind: str, now: int, msg: str, step: int | None, op=None, tensor=None) -> None:
-        self.violations.append(Violation(kind, now, msg, step=step, op=op, tensor=tensor))
+def _last_read_starts(prog: _Program, starts: np.ndarray) -> list[int]:
+    """Per tensor, the latest start of a compute step that reads it (-1: none): a copy dropped at ``now`` is
+    still needed when that is at or after ``now``."""
+    out = np.full(prog.n_tensors, -1, dtype=np.int64)
+    np.maximum.at(out, prog.read_flat, starts[prog.op_step][prog.read_op])
+    return out.tolist()
 
-    def _events(self) -> list[tuple[int, int, int]]:
-        """(time, handler code, step index or n + tensor index), in time order: ends, then frees, then starts
-        at equal times, then by step. (A Prefetch's end changes nothing and is not an event.)"""
-        steps, t = self.steps, self.t
-        times: list[int] = []
-        prios: list[int] = []
-        codes: list[int] = []
-        idx: list[int] = []
-        last_use: dict[str, int] = {}
-        for i, s in enumerate(steps):
-            st, en = t[i].start_ns, t[i].end_ns
-            kind = s.kind
-            if kind is StepKind.COMPUTE:
-                times += (st, en)
-                prios += (_START, _OP_END)
-                codes += (_H_OP_START, _H_OP_END)
-                idx += (i, i)
-                for tn in self.step_op[i].touched:
-                    if last_use.get(tn, 0) < en:
-                        last_use[tn] = en
-            elif kind is StepKind.PREFETCH:
-                times.append(st)
-                prios.append(_START)
-                codes.append(_H_PREFETCH_START)
-                idx.append(i)
-            elif kind is StepKind.STORE:
-                times += (st, en)
-                prios += (_START, _STORE_END)
-                codes += (_H_STORE_START, _H_STORE_END)
-                idx += (i, i)
-                if last_use.get(s.target, 0) < en:
-                    last_use[s.target] = en
-            else:
-                times.append(st)
-                prios.append(_FREE)
-                codes.append(_H_DETACH)
-                idx.append(i)
-        n = len(steps)
-        for k, (name, tensor) in enumerate(self.g.tensors.items()):
-            if not tensor.persistent and name in last_use:
-                times.append(last_use[name])
-                prios.append(_FREE)
-                codes.append(_H_DIES)
-                idx.append(n + k)
-        times_a, idx_a, codes_a = np.array(times, dtype=np.int64), np.array(idx, dtype=np.int64), np.array(codes)
-        order = np.lexsort((idx_a, np.array(prios), times_a))
-        return list(zip(times_a[order].tolist(), codes_a[order].tolist(), idx_a[order].tolist()))
 
-    def _replay_events(self) -> None:
-        handlers = (self._op_start, self._op_end, self._prefetch_start, self._store_start, self._store_end,
-                    self._detach)
-        names = list(self.g.tensors)
-        n = len(self.steps)
-        for now, code, i in self._events():
-            if code == _H_DIES:
-                self._dies(names[i - n], now)
-            else:
-                handlers[code](i, now)
+def _replay(prog: _Program, times: _Times, start: dict[str, str], log_hbm: bool) -> _Replayed:
+    """Replay the step starts and ends in time order, tracking every tensor's HBM copy (resident, usable from,
+    pinned by running ops and stores), its remote copies and their versions, and every allocation.
 
-    def run(self) -> tuple[list[Residency], list[Violation]]:
-        for name, tier in self.start.items():
-            tensor = self.g.tensors[name]
-            if tier == HBM:
-                self.state[name].resident = True
-            else:
-                self.remote[name][tier] = 0
-            self._alloc(tier, name, tensor.kind.value, tensor.bytes, 0)
-        self._replay_events()
-        end = max((tm.end_ns for tm in self.t), default=0)
-        self._check_restored(end)
-        for tier, name in sorted(self.open):
-            self._free(tier, name, end, until_end=True)
-        self.residencies.sort(key=attrgetter("start_ns", "seq"))
-        return self.residencies, self.violations
+    One loop with the handlers inline and the state in per-tensor lists: this is the executor's hot loop (a
+    call per event and an object per tensor were most of its time on 30k-op graphs).
+    """
+    names, nbytes, n_tensors = prog.names, prog.nbytes, prog.n_tensors
+    alloc_names = prog.alloc_names
+    target, stream, ends = prog.target, prog.stream, times.ends
+    link_src, link_dst = prog.link_src, prog.link_dst
+    op_names, op_reads, op_outputs, op_updates = prog.op_names, prog.op_reads, prog.op_outputs, prog.op_updates
+    op_workspace, persistent = prog.op_workspace, prog.persistent
+    hbm, n = prog.hbm, prog.n
+    tier_index = {name: k for k, name in enumerate(prog.tiers)}
 
-    def _check_restored(self, end: int) -> None:
-        """Steady state: each tensor that outlives the step is back on its starting tier, latest version."""
-        for name, tier in self.start.items():
-            if not self.g.tensors[name].persistent:
-                continue
-            st = self.state[name]
-            if tier == HBM:
-                if not st.resident:
-                    self._violate("placement_not_restored", end, "started the step on hbm but is not resident when "
-                                  "it ends (the next step would find it missing)", None, tensor=name)
-            elif self.remote[name].get(tier) != st.version:
-                what = "holds no copy" if tier not in self.remote[name] else "holds a stale copy (updated since)"
-                self._violate("placement_not_restored", end, f"started the step on {tier} but {tier} {what} when "
-                              "the step ends: store it back after its last update", None, tensor=name)
+    resident = [False] * n_tensors
+    usable = [0] * n_tensors  # when the HBM copy can be read (a prefetch's or the producing op's end)
+    pins = [0] * n_tensors  # running ops and stores that need the HBM copy
+    version = [0] * n_tensors  # in-place writes so far
+    dead = [False] * n_tensors
+    remote: dict[int, dict[int, int]] = {}  # tensor -> {tier: version of the completed copy there}
+    store_version: dict[int, int] = {}  # store step -> version it copies (-1: it copies nothing)
+    arrays = times.arrays()
+    last_read = _last_read_starts(prog, arrays[0])
+    # Allocations, by sequence number: (tier, aid, start) and the end (-1 while open); per tier, aid -> the
+    # sequence number of its open allocation (-1: none).
+    allocs: list[tuple[int, int, int]] = []
+    alloc_end: list[int] = []
+    opened = [[-1] * len(alloc_names) for _ in prog.tiers]
+    hbm_open = opened[hbm]
+    hbm_log: list[AllocRecord] = []
+    log = hbm_log.append if log_hbm else None
+    violations: list[Violation] = []
+    violate = violations.append
 
-    # -- event handlers
-    def _op_start(self, i: int, now: int) -> None:
-        op = self.step_op[i]
-        state = self.state
-        for tn in op.reads:
-            st = state[tn]
-            if not st.resident:
-                self._violate("not_resident", now, f"reads {tn!r}, which is not on HBM", i, op.name, tn)
-            elif st.usable_ns > now:
-                self._violate(
-                    "not_resident", now, f"reads {tn!r} before its prefetch ends at {st.usable_ns / 1000:.3f}us",
-                    i, op.name, tn,
-                )
-            st.pins += 1
-        end = self.t[i].end_ns
-        for tn in op.outputs:
-            st = state[tn]
-            st.resident, st.usable_ns = True, end
-            kind, nbytes = self.tinfo[tn]
-            self._alloc(HBM, tn, kind, nbytes, now, i)
-        if op.workspace_bytes:
-            self._alloc(HBM, op.workspace_name, "workspace", op.workspace_bytes, now, i)
-
-    def _op_end(self, i: int, now: int) -> None:
-        op = self.step_op[i]
-        state = self.state
-        for tn in op.reads:
-            state[tn].pins -= 1
-        for tn in op.updates:
-            state[tn].version += 1
-        if op.workspace_bytes:
-            self._free(HBM, op.workspace_name, now)
-
-    def _prefetch_start(self, i: int, now: int) -> None:
-        tn = self.steps[i].target
-        src = self.links[self.steps[i].stream].src
-        st = self.state[tn]
-        copy = self.remote[tn].get(src)
-        if copy is None:
-            self._violate("no_remote_copy", now, f"prefetch from {src!r}, which holds no copy", i, tensor=tn)
-        elif copy != st.version:
-            self._violate("no_remote_copy", now, f"prefetch from {src!r}, whose copy is stale", i, tensor=tn)
-        if st.resident:
-            self._violate("already_resident", now, "prefetch of a tensor already on HBM", i, tensor=tn)
-            return
-        st.resident, st.usable_ns = True, self.t[i].end_ns  # usable at the (known) end: no end event needed
-        kind, nbytes = self.tinfo[tn]
-        self._alloc(HBM, tn, kind, nbytes, now, i)
-
-    def _store_start(self, i: int, now: int) -> None:
-        tn = self.steps[i].target
-        dst = self.links[self.steps[i].stream].dst
-        st = self.state[tn]
-        if not st.resident or st.usable_ns > now:
-            self._violate("store_not_resident", now, f"store to {dst!r} of a tensor not on HBM", i, tensor=tn)
-            self.store_version[i] = -1
+    for name, tier in start.items():
+        t, k = prog.tindex[name], tier_index[tier]
+        if k == hbm:
+            resident[t] = True
         else:
-            st.pins += 1
-            self.store_version[i] = st.version
-        if (dst, tn) not in self.open and not st.dead:
-            kind, nbytes = self.tinfo[tn]
-            self._alloc(dst, tn, kind, nbytes, now)
+            remote.setdefault(t, {})[k] = 0
+        opened[k][t] = len(allocs)
+        allocs.append((k, t, 0))
+        alloc_end.append(-1)
+        if log is not None and k == hbm:
+            log(AllocRecord(0, ALLOC, names[t], nbytes[t], None))
 
-    def _store_end(self, i: int, now: int) -> None:
-        tn = self.steps[i].target
-        dst = self.links[self.steps[i].stream].dst
-        version = self.store_version[i]
-        if version < 0:
-            return
-        self.state[tn].pins -= 1
-        self.remote[tn][dst] = version
+    ev_times, ev_codes, ev_idx = _events(prog, arrays)
+    for now, code, i in zip(ev_times, ev_codes, ev_idx):
+        if code == _E_DETACH:
+            t = target[i]
+            if not resident[t]:
+                violate(Violation("detach_not_resident", now, "detach of a tensor not on HBM", i, None, names[t]))
+                continue
+            if pins[t] > 0:
+                violate(Violation("not_resident", now, "detach while an op or a store still uses the HBM copy", i,
+                                  None, names[t]))
+            if persistent[t] or last_read[t] >= now:
+                copies = remote.get(t)
+                if not copies or version[t] not in copies.values():
+                    stale = " (remote copies are stale)" if copies else ""
+                    violate(Violation("data_loss", now, "detach drops the only valid copy of a tensor still "
+                                      f"needed{stale}", i, None, names[t]))
+            resident[t] = False
+            alloc_end[hbm_open[t]] = now
+            hbm_open[t] = -1
+            if log is not None:
+                log(AllocRecord(now, FREE, names[t], nbytes[t]))
+        elif code == _E_STORE_START:
+            t = target[i]
+            dst = link_dst[stream[i]]
+            if not resident[t] or usable[t] > now:
+                violate(Violation("store_not_resident", now, f"store to {prog.tiers[dst]!r} of a tensor not on HBM",
+                                  i, None, names[t]))
+                store_version[i] = -1
+            else:
+                pins[t] += 1
+                store_version[i] = version[t]
+            dst_open = opened[dst]
+            if dst_open[t] < 0 and not dead[t]:
+                dst_open[t] = len(allocs)
+                allocs.append((dst, t, now))
+                alloc_end.append(-1)
+        elif code == _E_STORE_END:
+            v = store_version[i]
+            if v >= 0:
+                t = target[i]
+                pins[t] -= 1
+                remote.setdefault(t, {})[link_dst[stream[i]]] = v
+        elif code == _E_DIES:
+            t = i - n
+            dead[t] = True
+            for tier_open in opened:
+                seq = tier_open[t]
+                if seq >= 0:
+                    alloc_end[seq] = now
+                    tier_open[t] = -1
+                    if log is not None and tier_open is hbm_open:
+                        log(AllocRecord(now, FREE, names[t], nbytes[t]))
+            resident[t] = False
+        elif code == _E_PREFETCH_START:
+            t = target[i]
+            src = link_src[stream[i]]
+            copy = remote[t].get(src) if t in remote else None
+            if copy is None:
+                violate(Violation("no_remote_copy", now, f"prefetch from {prog.tiers[src]!r}, which holds no copy",
+                                  i, None, names[t]))
+            elif copy != version[t]:
+                violate(Violation("no_remote_copy", now, f"prefetch from {prog.tiers[src]!r}, whose copy is stale",
+                                  i, None, names[t]))
+            if resident[t]:
+                violate(Violation("already_resident", now, "prefetch of a tensor already on HBM", i, None, names[t]))
+                continue
+            # Usable at its (known) end: the end needs no event.
+            resident[t] = True
+            usable[t] = ends[i]
+            hbm_open[t] = len(allocs)
+            allocs.append((hbm, t, now))
+            alloc_end.append(-1)
+            if log is not None:
+                log(AllocRecord(now, ALLOC, names[t], nbytes[t], i))
+        elif code == _E_OP_START:
+            o = target[i]
+            for t in op_reads[o]:
+                if not resident[t]:
+                    violate(Violation("not_resident", now, f"reads {names[t]!r}, which is not on HBM", i,
+                                      op_names[o], names[t]))
+                elif usable[t] > now:
+                    violate(Violation("not_resident", now, f"reads {names[t]!r} before its prefetch ends at "
+                                      f"{usable[t] / 1000:.3f}us", i, op_names[o], names[t]))
+                pins[t] += 1
+            end = ends[i]
+            for t in op_outputs[o]:
+                resident[t] = True
+                usable[t] = end
+                hbm_open[t] = len(allocs)
+                allocs.append((hbm, t, now))
+                alloc_end.append(-1)
+                if log is not None:
+                    log(AllocRecord(now, ALLOC, names[t], nbytes[t], i))
+            if op_workspace[o]:
+                w = n_tensors + o
+                hbm_open[w] = len(allocs)
+                allocs.append((hbm, w, now))
+                alloc_end.append(-1)
+                if log is not None:
+                    log(AllocRecord(now, ALLOC, alloc_names[w], op_workspace[o], i))
+        else:  # _E_OP_END
+            o = target[i]
+            for t in op_reads[o]:
+                pins[t] -= 1
+            for t in op_updates[o]:
+                version[t] += 1
+            if op_workspace[o]:
+                w = n_tensors + o
+                alloc_end[hbm_open[w]] = now
+                hbm_open[w] = -1
+                if log is not None:
+                    log(AllocRecord(now, FREE, alloc_names[w], op_workspace[o]))
 
-    def _detach(self, i: int, now: int) -> None:
-        tn = self.steps[i].target
-        st = self.state[tn]
-        if not st.resident:
-            self._violate("detach_not_resident", now, "detach of a tensor not on HBM", i, tensor=tn)
-            return
-        if st.pins > 0:
-            self._violate("not_resident", now, "detach while an op or a store still uses the HBM copy", i, tensor=tn)
-        needed = self.g.tensors[tn].persistent or bisect.bisect_left(self.use_starts[tn], now) < len(
-            self.use_starts[tn]
-        )
-        if needed and not any(v == st.version for v in self.remote[tn].values()):
-            stale = " (remote copies are stale)" if self.remote[tn] else ""
-            self._violate("data_loss", now, f"detach drops the only valid copy of a tensor still needed{stale}", i,
-                          tensor=tn)
-        st.resident = False
-        self._free(HBM, tn, now)
+    makespan = max(ends, default=0)
+    # Steady state: each tensor that outlives the step is back on its starting tier, latest version.
+    for name, tier in start.items():
+        t = prog.tindex[name]
+        if not persistent[t]:
+            continue
+        if tier == HBM:
+            if not resident[t]:
+                violate(Violation("placement_not_restored", makespan, "started the step on hbm but is not resident "
+                                  "when it ends (the next step would find it missing)", None, None, name))
+            continue
+        copies = remote.get(t, {})
+        k = tier_index[tier]
+        if copies.get(k) != version[t]:
+            what = "holds no copy" if k not in copies else "holds a stale copy (updated since)"
+            violate(Violation("placement_not_restored", makespan, f"started the step on {tier} but {tier} {what} "
+                              "when the step ends: store it back after its last update", None, None, name))
 
-    def _dies(self, tn: str, now: int) -> None:
-        st = self.state[tn]
-        st.dead = True
-        for tier in list(self.open_tiers.get(tn, ())):
-            self._free(tier, tn, now)
-        st.resident = False
+    # What is still open is held until the end. An allocation over one still open (a second allocation of a copy
+    # a broken plan made twice) replaced it: the replaced one was never freed and is no residency.
+    raw = np.fromiter(chain.from_iterable(allocs), dtype=np.int64, count=3 * len(allocs)).reshape(-1, 3)
+    end = np.array(alloc_end, dtype=np.int64)
+    held = np.zeros(len(allocs), dtype=bool)
+    for tier_open in opened:
+        seqs = np.array(tier_open, dtype=np.int64)
+        held[seqs[seqs >= 0]] = True
+    end[held] = makespan
+    keep = np.flatnonzero(held | (end >= 0))
+    return _Replayed(prog, raw[keep, 0], raw[keep, 1], raw[keep, 2], end[keep], held[keep], keep, violations,
+                     hbm_log)
 
 
-def _capacity_violations(
-    hw: Hardware, residencies: list[Residency], sweeps: dict[str, list[tuple[int, int, str]]] | None = None
-) -> list[Violation]:
+class _Sweep(NamedTuple):
+    """A tier's allocation deltas in time order, frees before allocations at equal times (then by sequence)."""
+
+    times: np.ndarray
+    deltas: np.ndarray
+    aids: np.ndarray
+
+
+def _sweeps(prog: _Program, r: _Replayed) -> dict[int, _Sweep]:
+    """``_sweep`` for every tier at once, from the replay's arrays (tier index -> its sweep)."""
+    counted = (r.end > r.start) | r.until_end
+    nbytes = np.array(prog.alloc_bytes, dtype=np.int64)[r.aid]
+    seq = r.seq
+    freed = counted & ~r.until_end
+    t = np.concatenate((r.start[counted], r.end[freed]))
+    o = np.concatenate((np.ones(int(counted.sum()), dtype=np.int8), np.zeros(int(freed.sum()), dtype=np.int8)))
+    s = np.concatenate((seq[counted], seq[freed]))
+    d = np.concatenate((nbytes[counted], -nbytes[freed]))
+    a = np.concatenate((r.aid[counted], r.aid[freed]))
+    tier = np.concatenate((r.tier[counted], r.tier[freed]))
+    order = np.lexsort((s, o, t, tier))
+    t, d, a, tier = t[order], d[order], a[order], tier[order]
+    out = {}
+    bounds = np.searchsorted(tier, np.arange(len(prog.tiers) + 1))
+    for k in range(len(prog.tiers)):
+        lo, hi = bounds[k], bounds[k + 1]
+        if hi > lo:
+            out[k] = _Sweep(t[lo:hi], d[lo:hi], a[lo:hi])
+    return out
+
+
+def _capacity_violations(hw: Hardware, prog: _Program, sweeps: dict[int, _Sweep]) -> list[Violation]:
     """One violation each time a tier goes over its capacity (frees at a time count before allocations)."""
     out: list[Violation] = []
-    for tier in hw.tiers:
-        cur, over = 0, False
-        sweep = sweeps.get(tier.name, []) if sweeps is not None else _sweep(residencies, tier.name)
-        for time, delta, name in sweep:
-            cur += delta
-            if cur > tier.capacity_bytes and not over:
-                out.append(Violation(
-                    "capacity", time,
-                    f"{tier.name} holds {cur} B, over its capacity of {tier.capacity_bytes} B",
-                    tensor=None if name.startswith("workspace:") else name,
-                    op=name[len("workspace:"):] if name.startswith("workspace:") else None,
-                ))
-                over = True
-            elif cur <= tier.capacity_bytes:
-                over = False
+    for k, tier in enumerate(hw.tiers):
+        sweep = sweeps.get(k)
+        if sweep is None:
+            continue
+        cur = np.cumsum(sweep.deltas)
+        over = cur > tier.capacity_bytes
+        # The first delta of each run over the capacity.
+        first = np.flatnonzero(over & ~np.concatenate(([False], over[:-1])))
+        for j in first.tolist():
+            name = prog.alloc_names[int(sweep.aids[j])]
+            ws = name.startswith("workspace:")
+            out.append(Violation(
+                "capacity", int(sweep.times[j]),
+                f"{tier.name} holds {int(cur[j])} B, over its capacity of {tier.capacity_bytes} B",
+                tensor=None if ws else name, op=name[len("workspace:"):] if ws else None,
+            ))
     return out
 
 
@@ -574,24 +682,6 @@ def _sweep(residencies: list[Residency], tier: str) -> list[tuple[int, int, str]
     return [(t, d, n) for t, _o, _s, d, n in ev]
 
 
-def _sweeps(residencies: list[Residency]) -> dict[str, list[tuple[int, int, str]]]:
-    """``_sweep`` for every tier at once (one pass over the residencies instead of one per tier and use)."""
-    ev: dict[str, list] = {}
-    for r in residencies:
-        if r.end_ns > r.start_ns or r.until_end:
-            tier_ev = ev.get(r.tier)
-            if tier_ev is None:
-                tier_ev = ev[r.tier] = []
-            tier_ev.append((r.start_ns, 1, r.seq, r.bytes, r.name))
-            if not r.until_end:
-                tier_ev.append((r.end_ns, 0, r.seq, -r.bytes, r.name))
-    out = {}
-    for tier, tier_ev in ev.items():
-        tier_ev.sort()
-        out[tier] = [(t, d, n) for t, _o, _s, d, n in tier_ev]
-    return out
-
-
 def occupancy(residencies: list[Residency] | tuple[Residency, ...], tier: str) -> list[tuple[int, int]]:
     """Return (time_ns, bytes on ``tier`` from then on), one point per change."""
     out: list[tuple[int, int]] = []
@@ -605,50 +695,46 @@ def occupancy(residencies: list[Residency] | tuple[Residency, ...], tier: str) -
     return out
 
 
-def _metrics(
-    graph: Graph, hw: Hardware, steps: tuple[Step, ...], timings: list[StepTiming],
-    residencies: list[Residency], stall_ns: int, sweeps: dict[str, list[tuple[int, int, str]]] | None = None,
-) -> Metrics:
-    makespan = max((tm.end_ns for tm in timings), default=0)
-    compute = [(timings[i].start_ns, timings[i].end_ns) for i, s in enumerate(steps) if s.kind is StepKind.COMPUTE]
-    compute_ns = sum(e - s for s, e in compute)
+def _metrics(hw: Hardware, prog: _Program, times: _Times, sweeps: dict[int, _Sweep]) -> Metrics:
+    makespan = max(times.ends, default=0)
+    kind = prog.kind_a
+    starts, ends = times.arrays()
+    is_compute = kind == _K_COMPUTE
+    # Compute steps run one after another on one stream: sorted, disjoint intervals.
+    c_starts, c_ends = starts[is_compute], ends[is_compute]
+    compute_ns = int((c_ends - c_starts).sum())
     peak = {}
-    for tier in hw.tiers:
-        cur = best = 0
-        sweep = sweeps.get(tier.name, []) if sweeps is not None else _sweep(residencies, tier.name)
-        for _t, delta, _n in sweep:
-            cur += delta
-            best = max(best, cur)
-        peak[tier.name] = best
-    moved = {ln.name: 0 for ln in hw.links}
-    transfer_ns = hidden = 0
-    starts = [s for s, _ in compute]
-    prefix = [0]
-    for s, e in compute:
-        prefix.append(prefix[-1] + e - s)
-    for i, s in enumerate(steps):
-        if s.kind in (StepKind.PREFETCH, StepKind.STORE):
-            moved[s.stream] += graph.tensors[s.target].bytes
-            a, b = timings[i].start_ns, timings[i].end_ns
-            transfer_ns += b - a
-            hidden += _overlap(compute, starts, prefix, a, b)
-    return Metrics(makespan, compute_ns, stall_ns, peak, moved, transfer_ns, hidden)
+    for k, tier in enumerate(hw.tiers):
+        sweep = sweeps.get(k)
+        peak[tier.name] = max(0, int(np.cumsum(sweep.deltas).max())) if sweep is not None else 0
+    is_transfer = (kind == _K_PREFETCH) | (kind == _K_STORE)
+    a, b = starts[is_transfer], ends[is_transfer]
+    link = np.array(prog.stream, dtype=np.int64)[is_transfer]
+    nbytes = np.array(prog.nbytes, dtype=np.int64)[prog.target_a[is_transfer]]
+    moved_by_link = np.zeros(len(hw.links), dtype=np.int64)
+    np.add.at(moved_by_link, link, nbytes)
+    moved = {ln.name: int(m) for ln, m in zip(hw.links, moved_by_link.tolist())}
+    transfer_ns = int((b - a).sum())
+    hidden = int(_overlaps(c_starts, c_ends, a, b).sum())
+    return Metrics(makespan, compute_ns, times.stall_ns, peak, moved, transfer_ns, hidden)
 
 
-def _overlap(intervals: list[tuple[int, int]], starts: list[int], prefix: list[int], a: int, b: int) -> int:
-    """Length of [a, b) covered by sorted disjoint ``intervals``."""
-    if b <= a or not intervals:
-        return 0
-    lo = max(0, bisect.bisect_right(starts, a) - 1)
-    hi = bisect.bisect_left(starts, b)
-    if hi <= lo:
-        return 0
+def _overlaps(starts: np.ndarray, ends: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per interval [a, b), the length of it covered by the sorted disjoint intervals [starts, ends)."""
+    out = np.zeros(len(a), dtype=np.int64)
+    if not len(starts):
+        return out
+    prefix = np.concatenate(([0], np.cumsum(ends - starts)))
+    lo = np.maximum(0, np.searchsorted(starts, a, side="right") - 1)
+    hi = np.searchsorted(starts, b, side="left")
+    ok = (b > a) & (hi > lo)
+    lo, hi, a, b = lo[ok], hi[ok], a[ok], b[ok]
     total = prefix[hi] - prefix[lo]
-    s0, e0 = intervals[lo]
-    total -= max(0, min(e0, a) - s0)
-    s1, e1 = intervals[hi - 1]
-    total -= max(0, e1 - max(s1, b))
-    return max(0, total)
+    # Trim the parts of the first and last intervals outside [a, b).
+    total -= np.maximum(0, np.minimum(ends[lo], a) - starts[lo])
+    total -= np.maximum(0, ends[hi - 1] - np.maximum(starts[hi - 1], b))
+    out[ok] = np.maximum(0, total)
+    return out
 
 
 __all__ = ["simulate", "with_static_offsets", "check_program", "occupancy"]

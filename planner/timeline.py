@@ -11,6 +11,15 @@ class StepTiming:
     end_ns: int
     channel: int = 0
 
+    def __init__(self, start_ns: int, end_ns: int, channel: int = 0) -> None:
+        # The dataclass's own __init__ of a frozen class sets each field through object.__setattr__; the executor
+        # makes one of these per step, and one Residency per allocation (hundreds of thousands on large plans),
+        # so both write their fields straight into the instance dict instead. Keep in step with the fields.
+        d = self.__dict__
+        d["start_ns"] = start_ns
+        d["end_ns"] = end_ns
+        d["channel"] = channel
+
 
 @dataclass(frozen=True)
 class Residency:
@@ -24,6 +33,19 @@ class Residency:
     end_ns: int
     until_end: bool = False  # still held when the step ends (end_ns is then the makespan)
     seq: int = 0  # allocation order in the replay: breaks ties between allocations at the same time
+
+    def __init__(self, tier: str, name: str, kind: str, bytes: int, start_ns: int, end_ns: int,
+                 until_end: bool = False, seq: int = 0) -> None:
+        # As StepTiming's: the fields straight into the instance dict. Keep in step with the fields.
+        d = self.__dict__
+        d["tier"] = tier
+        d["name"] = name
+        d["kind"] = kind
+        d["bytes"] = bytes
+        d["start_ns"] = start_ns
+        d["end_ns"] = end_ns
+        d["until_end"] = until_end
+        d["seq"] = seq
 
 
 @dataclass(frozen=True)

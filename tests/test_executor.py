@@ -1,12 +1,18 @@
 """The executor: exact times and peaks on hand-computed plans, and each violation kind on a bad plan."""
 
-import pytest
-from conftest import chain_graph, simple_hardware
+import random
+from dataclasses import FrozenInstanceError, asdict, replace
 
+import pytest
+from conftest import GRAPHS, chain_graph, simple_hardware
+
+from planner import api
+from planner.allocator import CachingAllocator, _disjoint, _overlaps
 from planner.errors import InputError
 from planner.executor import occupancy, simulate
 from planner.graph import Graph, Op, Tensor, TensorKind
 from planner.plan import Plan, ProgramBuilder, Step, StepKind
+from planner.timeline import Residency, StepTiming
 
 
 def skip_graph() -> Graph:
@@ -274,3 +280,73 @@ def test_a_placement_must_respect_pins_and_tiers():
 def test_auto_home_is_only_for_tensors_that_outlive_the_step():
     with pytest.raises(InputError, match="outlive the step"):
         Graph.build("x", [Tensor("x", 4, TensorKind.INPUT, home="auto")], [Op("o", "F", ("x",), ())])
+
+
+# -- the fast paths: each must give what the straightforward computation gives
+
+
+def test_disjoint_fast_check_agrees_with_the_overlap_sweep():
+    # check_offsets runs _overlaps (the violations) only when _disjoint finds a clash; small chunks exercise its
+    # splits and merges.
+    rng = random.Random(1)
+    for case in range(300):
+        n = rng.randint(1, 60)
+        items, offs, tops, spans = [], [], [], []
+        for k in range(n):
+            start = rng.randint(0, 50)
+            end = start + rng.randint(1, 20)
+            size = rng.randint(1, 8)
+            # Mostly disjoint layouts (slots of 8 bytes), some with an overlap.
+            off = rng.randint(0, 40) * 8 + (rng.randint(1, 7) if case % 3 == 0 and k == n // 2 else 0)
+            items.append((Residency("hbm", f"t{k}", "activation", size, start, end, seq=k), off))
+            offs.append(off)
+            tops.append(off + size)
+            spans.append((start, end))
+        ev = sorted([(s, 1, k) for k, (s, _) in enumerate(spans)] + [(e, 0, k) for k, (_, e) in enumerate(spans)])
+        events = [k if is_alloc else ~k for _, is_alloc, k in ev]
+        for load in (1, 2, 256):
+            assert _disjoint(events, offs, tops, load=load) == (not _overlaps(events, items)), (case, load)
+
+
+def test_sweeps_and_overlaps_match_their_plain_definitions():
+    """Peaks against ``occupancy`` (the per-residency sweep), hidden transfer time against a direct sum."""
+    g = api.load_graph(GRAPHS / "transformer_block.json")
+    hw = api.hardware("ascend-910c")
+    peak = simulate(g, hw, api.plan(g, hw, "none").plan).metrics.peak_bytes["hbm"]
+    tight = api.hardware("ascend-910c", hbm=str(int(peak * 0.7)))
+    for name in ("none", "reactive"):
+        plan = api.plan(g, tight, name).plan
+        for alloc in (False, True):
+            tl = simulate(g, tight, plan, allocator=alloc)
+            for tier, best in tl.metrics.peak_bytes.items():
+                assert best == max([b for _, b in occupancy(tl.residencies, tier)] + [0])
+            compute = [(t.start_ns, t.end_ns) for s, t in zip(plan.steps, tl.steps) if s.kind is StepKind.COMPUTE]
+            hidden = sum(max(0, min(b, e) - max(a, s)) for st, t in zip(plan.steps, tl.steps)
+                         if st.kind in (StepKind.PREFETCH, StepKind.STORE)
+                         for a, b in [(t.start_ns, t.end_ns)] for s, e in compute)
+            assert tl.metrics.hidden_transfer_ns == hidden
+            assert all(type(x) is int for x in (tl.metrics.makespan_ns, tl.metrics.hidden_transfer_ns,
+                                                tl.steps[-1].start_ns, tl.residencies[-1].end_ns))
+
+
+def test_timeline_records_behave_as_frozen_dataclasses():
+    # StepTiming and Residency write their fields directly (see timeline.py); they must still be the dataclasses.
+    r = Residency("hbm", "a", "weight", 10, 0, 5)
+    assert r == Residency(tier="hbm", name="a", kind="weight", bytes=10, start_ns=0, end_ns=5, until_end=False, seq=0)
+    assert hash(r) == hash(Residency("hbm", "a", "weight", 10, 0, 5))
+    assert replace(r, end_ns=7).end_ns == 7 and asdict(r)["seq"] == 0
+    assert StepTiming(1, 2) == StepTiming(1, 2, 0)
+    assert repr(StepTiming(1, 2)) == "StepTiming(start_ns=1, end_ns=2, channel=0)"
+    with pytest.raises(FrozenInstanceError):
+        r.end_ns = 3  # type: ignore[misc]
+
+
+def test_caching_allocator_blocks_after_a_compaction():
+    a = CachingAllocator(300)
+    for n in "abc":
+        a.alloc(n, 100)
+    a.free("a")
+    a.free("c")
+    assert a.alloc("d", 200) == 100  # 200 free in two holes: compacts, b moves to 0
+    assert a.blocks == {"b": (0, 100), "d": (100, 200)}
+    assert all(type(x) is int for v in a.blocks.values() for x in v)
