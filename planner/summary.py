@@ -40,6 +40,8 @@ def summary_dict(graph: Graph, hw: Hardware, result: Result, schedule_path: str 
         "start_placement": bytes_by_kind(graph, result.plan.placement),
         "free_tensors": len(graph.free_tensors),
         "stall_us": m.stall_ns / 1000,
+        # The no-offload plan waits too (on what is pinned remote): the stall the offloading adds is the difference.
+        "no_offload_stall_us": ref.stall_ns / 1000,
         "hidden_transfer_share": round(m.hidden_share, 6),
         "defrag_events": m.defrag_events,
         "defrag_us": m.defrag_ns / 1000,
@@ -86,7 +88,8 @@ def summary_table(d: dict) -> Table:
     if solver:
         # cpsat: whether the plan is proven, CP-SAT's own or the starting plan, and why the search stopped.
         table.add_row("solver outcome", escape(SolverOutcome(**_outcome_fields(solver)).describe()))
-    table.add_row("compute stall", format_time_us(d["stall_us"]))
+    table.add_row("compute stall", format_time_us(d["stall_us"]) + (
+        f" (no offload: {format_time_us(d['no_offload_stall_us'])})" if d.get("no_offload_stall_us") else ""))
     table.add_row("transfer hidden behind compute", f"{d['hidden_transfer_share']:.1%}")
     if d.get("allocator") == "static":
         table.add_row("HBM placement", "static offsets (planned)")

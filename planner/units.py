@@ -104,6 +104,11 @@ def format_bytes(n: float) -> str:
     return f"{sign}{n:.0f} B"
 
 
+def format_bytes_exact(n: int) -> str:
+    """``n`` bytes short and exact, for notes that compare two sizes: ``1.29 GB (1,290,000,000 B)``."""
+    return f"{format_bytes(n)} ({int(n):,} B)" if abs(n) >= 1000 else format_bytes(n)
+
+
 def format_time_us(us: float) -> str:
     """Return a duration given in microseconds as a short string (``1.25 ms``)."""
     if us >= 1e6:

@@ -20,7 +20,7 @@ from planner.errors import InfeasibleBudget, InputError, InputErrors
 from planner.formats import read_json
 from planner.placement import apply_homes, parse_homes
 from planner.summary import summary_dict, summary_table
-from planner.units import format_bytes
+from planner.units import format_bytes, format_bytes_exact, format_time_us
 
 EXAMPLES = """
 \b
@@ -404,8 +404,8 @@ def validate_cmd(schedule_path, graph_path, **kw):
             click.echo(f"{schedule_path}: INVALID", err=True)
             sys.exit(1)
         m = report.timeline.metrics
-        click.echo(f"{schedule_path}: valid; makespan {m.makespan_ns / 1000:.3f} us, "
-                   f"peak HBM {m.peak_bytes['hbm']} B, matches the recorded timeline")
+        click.echo(f"{schedule_path}: valid; makespan {format_time_us(m.makespan_ns / 1000)}, "
+                   f"peak HBM {format_bytes_exact(m.peak_bytes['hbm'])}, matches the recorded timeline")
 
     run_guarded(go)
 

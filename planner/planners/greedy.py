@@ -42,6 +42,7 @@ from planner.planners.none import plan_none
 from planner.planners.ordering import live_bytes, lowest_peak_order
 from planner.planners.refine import place, resolve_copies
 from planner.timeline import Timeline
+from planner.units import format_bytes_exact, format_time_us
 
 DEFAULTS = {"select_distance": 8, "select_num": 32, "prefetch_distance": 2, "release_distance": 1}
 OFFSET_RETRIES = 3  # replans against a lower budget when static offsets do not fit
@@ -175,8 +176,8 @@ def _plan_offloading(ctx: Context, settings: Settings, offsets: bool, name: str,
         offs, height = offsets_within(timeline.residencies, hw.hbm_bytes)
         if height <= hw.hbm_bytes:
             stats = dict(plan.stats, offset_height_bytes=height, offset_attempts=attempt + 1)
-            notes = plan.notes + ((f"static offsets fit after planning for {budget} B (the offsets need more than "
-                                   "the peak: fragmentation)",) if attempt else ())
+            notes = plan.notes + ((f"static offsets fit after planning for {format_bytes_exact(budget)} (the "
+                                   "offsets need more than the peak: fragmentation)",) if attempt else ())
             static = replace(plan, offsets=offs, stats=stats, notes=notes)
             break
         # Fragmentation makes the height exceed the planning budget by a few percent: plan for a budget lower by
@@ -212,8 +213,9 @@ def _plan_offloading(ctx: Context, settings: Settings, offsets: bool, name: str,
     if static is not None:
         if static_tl.valid and static_tl.metrics.makespan_ns <= caching.metrics.makespan_ns:
             return Planned(static, static_tl)
-        why = (f"static offsets fit only when planning for {static.stats['planning_budget_bytes']} B, which is "
-               f"slower ({static_tl.metrics.makespan_ns} ns) than the caching allocator at the full budget")
+        why = (f"static offsets fit only when planning for {format_bytes_exact(static.stats['planning_budget_bytes'])}"
+               f", which is slower ({format_time_us(static_tl.metrics.makespan_ns / 1000)}) than the caching "
+               "allocator at the full budget")
     else:
         why = "static offsets did not fit the HBM budget" + (
             " (no time left to plan for a lower budget)" if out_of_time else "")
@@ -258,7 +260,8 @@ def build_plan(ctx: Context, settings: Settings, budget: int, name: str = "greed
     if initial > budget:
         status = "infeasible"
         notes.append(
-            f"{initial} B start on HBM and are still needed, over the budget of {budget} B: no plan can fit "
+            f"{format_bytes_exact(initial)} start on HBM and are still needed, over the budget of "
+            f"{format_bytes_exact(budget)}: no plan can fit "
             "(none of it can leave HBM at time 0)"
         )
     elif over:
@@ -267,12 +270,14 @@ def build_plan(ctx: Context, settings: Settings, budget: int, name: str = "greed
         ws = ctx.graph.working_set(op)
         if ws > budget:
             notes.append(
-                f"op {op.name!r} needs {ws} B on HBM while it runs (its inputs, outputs and workspace), over the "
-                f"budget of {budget} B: no plan can fit (largest single-op working set)"
+                f"op {op.name!r} needs {format_bytes_exact(ws)} on HBM while it runs (its inputs, outputs and "
+                f"workspace), over the budget of {format_bytes_exact(budget)}: no plan can fit (largest single-op "
+                "working set)"
             )
         else:
             notes.append(
-                f"op {op.name!r}: at least {int(L[worst])} B must stay on HBM, over the budget of {budget} B, "
+                f"op {op.name!r}: at least {format_bytes_exact(int(L[worst]))} must stay on HBM, over the budget of "
+                f"{format_bytes_exact(budget)}, "
                 "because the remote tiers have no room for the rest"
             )
     plan = replace(emit(ctx, gaps, name), placement=plan_placement(ctx.graph, {**ctx.unused_remote, **ctx.wrapped}))

@@ -11,6 +11,7 @@ from planner.hardware import HBM, Hardware
 from planner.placement import plan_placement, with_placement
 from planner.plan import Plan, ProgramBuilder
 from planner.planners.ordering import named_order
+from planner.units import format_bytes_exact
 
 
 def plan_none(graph: Graph, hw: Hardware, order: str = "auto") -> Plan:
@@ -25,7 +26,8 @@ def plan_none(graph: Graph, hw: Hardware, order: str = "auto") -> Plan:
     peak = simulate(graph, hw, plan, allocator=False).metrics.peak_bytes.get(HBM, 0)
     if peak > hw.hbm_bytes:
         return replace(plan, status="infeasible", notes=(
-            f"the no-offload peak is {peak} B, over the HBM budget of {hw.hbm_bytes} B; none never offloads "
+            f"the no-offload peak is {format_bytes_exact(peak)}, over the HBM budget of "
+            f"{format_bytes_exact(hw.hbm_bytes)}; none never offloads "
             "(every tensor whose tier it may choose starts on HBM)",
         ))
     return plan

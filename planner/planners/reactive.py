@@ -30,6 +30,7 @@ from planner.placement import Placement, plan_placement, with_placement
 from planner.plan import COMPUTE, Plan, ProgramBuilder
 from planner.planners.none import no_offload_program
 from planner.planners.ordering import best_no_offload_order, live_bytes
+from planner.units import format_bytes_exact
 
 
 def reactive_placement(graph: Graph, hw: Hardware, order: list[str]) -> Placement:
@@ -130,7 +131,8 @@ def plan_reactive(graph: Graph, hw: Hardware, lookahead: int = 0) -> Plan:
     needed_at_start = mem.used
     if needed_at_start > hw.hbm_bytes:
         status = "infeasible"
-        notes.append(f"{needed_at_start} B start on HBM and are still needed, over the budget of {hw.hbm_bytes} B")
+        notes.append(f"{format_bytes_exact(needed_at_start)} start on HBM and are still needed, over the budget of "
+                     f"{format_bytes_exact(hw.hbm_bytes)}")
     prev_compute: int | None = None
     tiers_by_speed = sorted(
         (t.name for t in hw.remote_tiers),
@@ -194,7 +196,8 @@ def plan_reactive(graph: Graph, hw: Hardware, lookahead: int = 0) -> Plan:
         frees: list[int] = []
         if not make_room(new, set(op.reads), i, frees):
             status = "infeasible"
-            notes.append(f"op {name!r}: cannot make room for {new} B on HBM (budget {mem.budget} B)")
+            notes.append(f"op {name!r}: cannot make room for {format_bytes_exact(new)} on HBM (budget "
+                         f"{format_bytes_exact(mem.budget)})")
         base = [prev_compute] if prev_compute is not None else []
         fetches = [fetch(t, base + frees) for t in missing]
         step = pb.compute(name, waits=fetches + frees + [mem.touch_step[t] for t in op.reads if t in mem.touch_step])
