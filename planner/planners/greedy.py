@@ -39,7 +39,7 @@ from planner.plan import COMPUTE, Plan, ProgramBuilder
 from planner.planned import Planned
 from planner.planners.greedy_select import Context, Gap, select_gaps
 from planner.planners.none import plan_none
-from planner.planners.ordering import live_bytes, lowest_peak_order
+from planner.planners.ordering import live_bytes, named_order
 from planner.planners.refine import place, resolve_copies
 from planner.timeline import Timeline
 from planner.units import format_bytes_exact, format_time_us
@@ -73,8 +73,8 @@ def plan_greedy(
     offsets: bool = True,
 ) -> Plan:
     """Return the greedy plan for ``hw``'s HBM budget (see the module doc). ``offsets=False`` leaves HBM
-    placement to the executor's caching allocator; ``order`` as for ``none`` (``auto`` plans the ``lowest-peak``
-    order too when it differs, and returns the faster plan)."""
+    placement to the executor's caching allocator; ``order`` as for ``none`` (``auto`` plans the orders of
+    ``auto_contexts`` and returns the fastest plan)."""
     return plan_greedy_timed(graph, hw, select_distance, select_num, prefetch_distance, release_distance, order,
                              offsets).plan
 
@@ -91,14 +91,20 @@ def plan_greedy_timed(
 ) -> Planned:
     """``plan_greedy`` with the executor's full timeline of the plan (greedy runs the executor on it anyway)."""
     settings = Settings(int(select_distance), int(select_num), int(prefetch_distance), int(release_distance))
-    ctx = Context(graph, hw, order)
-    out = planned_with_context(ctx, settings, offsets=_flag(offsets))
-    if order != "auto" or ctx.order == lowest_peak_order(graph):
-        return out
-    # Moving the store-back releases up can cost more offloading under a tight budget than it saves in link
-    # time (transformer_block at 1 GB: 151.6 against 132.2 ms); the lowest-peak order is planned too.
-    other = planned_with_context(Context(graph, hw, "lowest-peak"), settings, offsets=_flag(offsets))
-    return min((out, other), key=_rank)
+    contexts = auto_contexts(graph, hw) if order == "auto" else [Context(graph, hw, order)]
+    return min((planned_with_context(ctx, settings, offsets=_flag(offsets)) for ctx in contexts), key=_rank)
+
+
+def auto_contexts(graph: Graph, hw: Hardware) -> list[Context]:
+    """The orders greedy's ``auto`` plans, each prepared once: ``auto`` and, when they differ from it, the
+    ``lowest-peak`` and ``store-release`` orders. Moving the store-back releases up can cost more offloading under
+    a tight budget than it saves in link time (transformer_block at 1 GB: 151.6 against 132.2 ms), and running
+    layer by layer across micro-batches more still, for much less link-bound time when the budget allows."""
+    out = [Context(graph, hw, "auto")]
+    for name in ("lowest-peak", "store-release"):
+        if all(named_order(graph, name) != c.order for c in out):
+            out.append(Context(graph, hw, name))
+    return out
 
 
 def _rank(planned: Planned) -> tuple:

@@ -5,8 +5,8 @@ the same program as an earlier one is not run again. The best valid plan wins: l
 peak, then the earliest point of the grid. The best two and the defaults are planned again with static offsets
 (which may replan against a lower budget) and the best of those is returned; its settings are recorded in
 ``Plan.options`` (with the sweep's counts in ``Plan.stats``), so reports compare against greedy at its best
-rather than at an arbitrary default. With ``order=auto`` the grid is run on both orders greedy's ``auto`` plans
-(``planner/planners/ordering.py``) when they differ.
+rather than at an arbitrary default. With ``order=auto`` the grid is run on every order greedy's ``auto`` plans
+(``greedy.auto_contexts``).
 """
 
 from __future__ import annotations
@@ -19,9 +19,16 @@ from planner.executor import simulate
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
 from planner.plan import Plan
-from planner.planners.greedy import DEFAULTS, Settings, _flag, build_plan, plan_with_context, planned_with_context
+from planner.planners.greedy import (
+    DEFAULTS,
+    Settings,
+    _flag,
+    auto_contexts,
+    build_plan,
+    plan_with_context,
+    planned_with_context,
+)
 from planner.planners.greedy_select import Context
-from planner.planners.ordering import lowest_peak_order
 
 FINALISTS = 2
 
@@ -61,15 +68,12 @@ def plan_greedy_sweep(
     defaults are then planned in full (static offsets may lower the planning budget, see ``greedy.py``) and the
     best of those wins, so the sweep is never worse than ``greedy`` with its defaults.
     """
-    ctx = Context(graph, hw, order)
+    # As greedy's own ``auto``: every order it plans is swept.
+    contexts = auto_contexts(graph, hw) if order == "auto" else [Context(graph, hw, order)]
     points = grid_points(grid)
     if hw.hbm_bytes < hbm_floor(graph)[0]:
-        plan = plan_with_context(ctx, points[0], offsets=False, name="greedy-sweep")  # infeasible, with the note
+        plan = plan_with_context(contexts[0], points[0], offsets=False, name="greedy-sweep")  # infeasible: says why
         return replace(plan, options=dict(plan.options, sweep=True))
-    # As greedy's own ``auto``: the lowest-peak order is swept too when moving the store-back releases up changed it.
-    contexts = [ctx]
-    if order == "auto" and ctx.order != lowest_peak_order(graph):
-        contexts.append(Context(graph, hw, "lowest-peak"))
     ranked: list[tuple] = []
     seen: set = set()
     for c, cx in enumerate(contexts):
@@ -83,13 +87,16 @@ def plan_greedy_sweep(
                 continue
             ranked.append((tl.metrics.makespan_ns, tl.metrics.peak_bytes[HBM], c, k))
     ranked.sort()
-    chosen = [(c, k) for *_, c, k in ranked[: max(1, int(finalists))]]
     offsets = _flag(offsets)
     if not offsets:
-        chosen = chosen[:1]
+        chosen = [(c, k) for *_, c, k in ranked[:1]]
     else:
-        # The defaults of every order, so that the sweep is never worse than greedy with its defaults.
-        chosen += [(c, k) for *_, c, k in ranked if k == 0 and (c, k) not in chosen]
+        # The best points of each order and its defaults, so that the sweep is never worse than the sweep or greedy's
+        # defaults on either order alone (static offsets can reorder points ranked without them).
+        chosen = []
+        for c in range(len(contexts)):
+            mine = [(c, k) for *_, c2, k in ranked if c2 == c]
+            chosen += mine[: max(1, int(finalists))] + [(c, 0)] * ((c, 0) in mine[max(1, int(finalists)):])
     best: tuple | None = None
     for c, k in chosen or [(0, 0)]:
         out = planned_with_context(contexts[c], points[k], offsets=offsets, name="greedy-sweep")
