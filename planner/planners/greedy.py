@@ -92,7 +92,7 @@ def plan_greedy_timed(
     """``plan_greedy`` with the executor's full timeline of the plan (greedy runs the executor on it anyway)."""
     settings = Settings(int(select_distance), int(select_num), int(prefetch_distance), int(release_distance))
     contexts = auto_contexts(graph, hw) if order == "auto" else [Context(graph, hw, order)]
-    return min((planned_with_context(ctx, settings, offsets=_flag(offsets)) for ctx in contexts), key=_rank)
+    return min((planned_with_context(ctx, settings, offsets=_flag(offsets)) for ctx in contexts), key=rank_planned)
 
 
 def auto_contexts(graph: Graph, hw: Hardware) -> list[Context]:
@@ -107,8 +107,8 @@ def auto_contexts(graph: Graph, hw: Hardware) -> list[Context]:
     return out
 
 
-def _rank(planned: Planned) -> tuple:
-    """Valid plans first, then the faster, then the first given."""
+def rank_planned(planned: Planned) -> tuple:
+    """Sort key: valid plans first, then the faster, then the first given (``min`` keeps the first of equals)."""
     tl = planned.timeline
     return (not (tl.valid and planned.plan.status == "feasible"), tl.metrics.makespan_ns)
 

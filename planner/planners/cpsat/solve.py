@@ -44,8 +44,7 @@ from planner.planners.cpsat.decode import plan_from_assignment
 from planner.planners.cpsat.hint import assignment_from_plan, check, offload_cycles, tick_times
 from planner.planners.cpsat.lns import WINDOW_MIN_S, improve
 from planner.planners.cpsat.model import Model, whole_frame
-from planner.planners.greedy import Settings, planned_with_context
-from planner.planners.greedy_select import Context
+from planner.planners.greedy import Settings, auto_contexts, planned_with_context, rank_planned
 from planner.planners.ordering import best_no_offload_order, live_bytes
 from planner.timeline import Timeline
 
@@ -432,6 +431,7 @@ def starting_plan(run: Run, start: str = "auto") -> tuple[Plan, Timeline]:
     cands: list[tuple[Plan, Timeline]] = []
     names = ["greedy", "reactive", "none"] if start == "auto" else [start]
     greedy_s = None
+    greedy_order = "auto"
     for name in names:
         fn = PLANNERS.get(name)
         if fn is None:
@@ -449,10 +449,12 @@ def starting_plan(run: Run, start: str = "auto") -> tuple[Plan, Timeline]:
                 continue
         try:
             if name == "greedy":
-                ctx = Context(g, hw)
-                # Its replanning for static offsets stops only where it would overrun the limit: the starting
-                # plan is the fallback and usually the hint, worth the time.
-                out = planned_with_context(ctx, Settings(), deadline=run.deadline)
+                # Every order greedy's auto plans (one unless optimizer steps release store-backs). Its replanning
+                # for static offsets stops only where it would overrun the limit: the starting plan is the
+                # fallback and usually the hint, worth the time.
+                out = min((planned_with_context(ctx, Settings(), deadline=run.deadline)
+                           for ctx in auto_contexts(g, hw)), key=rank_planned)
+                greedy_order = out.plan.options.get("order", "auto")
                 cands.append((out.plan, out.timeline))
             else:
                 plan = fn(g, hw)
@@ -474,7 +476,8 @@ def starting_plan(run: Run, start: str = "auto") -> tuple[Plan, Timeline]:
             cost = single * npoints * SWEEP_POINT_SHARE
             if cost <= SWEEP_LIMIT_SHARE * run.time_limit and _affordable(run, cost):
                 try:
-                    plan = PLANNERS["greedy-sweep"](g, hw)
+                    # On the order greedy's defaults did best with: sweeping every order would cost as many sweeps.
+                    plan = PLANNERS["greedy-sweep"](g, hw, order=greedy_order)
                     cands.append((plan, simulate(g, hw, plan)))
                 except KeyboardInterrupt:
                     if not any(tl.valid for _p, tl in cands):
