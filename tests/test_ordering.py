@@ -117,3 +117,16 @@ def test_the_store_release_order_runs_the_backward_layer_by_layer_across_micro_b
     assert early.metrics.makespan_ns < auto.metrics.makespan_ns
     # greedy's auto plans it too when the budget allows it.
     assert simulate(g, hw, plan_greedy(g, hw)).metrics.makespan_ns <= early.metrics.makespan_ns
+
+
+def test_a_long_chain_into_a_store_back_is_moved_without_recursion():
+    # Every op only leads to the update of a host-pinned state: all of them are "moved up", one chain deep.
+    n = 5000
+    t = [Tensor("x", 1, TensorKind.INPUT), Tensor("s", 10, TensorKind.OPTIMIZER_STATE, home="host")]
+    ops = []
+    for i in range(n):
+        t.append(Tensor(f"a{i}", 1))
+        ops.append(Op(f"op{i}", "F", ("x" if i == 0 else f"a{i - 1}",), (f"a{i}",), duration_s=1e-9))
+    ops.append(Op("update", "Adam", (f"a{n - 1}",), (), ("s",), duration_s=1e-9))
+    g = Graph.build("chain", t, ops)
+    assert store_backs_first(g, named_order(g, "graph")) == [op.name for op in g.ops]

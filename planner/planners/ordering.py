@@ -100,12 +100,23 @@ def store_backs_first(graph: Graph, order: Sequence[str]) -> list[str]:
     waiting = {n: dag.in_degree(n) for n in early}
     out: list[str] = []
 
+    def moved_up(name: str):
+        return iter(sorted((s for s in dag.successors(name) if s in waiting), key=pos.__getitem__))
+
     def emit(name: str) -> None:
+        # Depth first, each op's moved-up successors in ``order``'s order; a stack, not recursion, as a chain of
+        # such ops can be as long as the graph.
         out.append(name)
-        for s in sorted((s for s in dag.successors(name) if s in waiting), key=pos.__getitem__):
+        stack = [moved_up(name)]
+        while stack:
+            s = next(stack[-1], None)
+            if s is None:
+                stack.pop()
+                continue
             waiting[s] -= 1
             if waiting[s] == 0:
-                emit(s)
+                out.append(s)
+                stack.append(moved_up(s))
 
     for name in order:
         if name not in early:
