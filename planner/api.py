@@ -24,10 +24,10 @@ from planner.executor import simulate
 from planner.formats import load_graph
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware, Tier, preset, with_overrides
+from planner.orders import ORDERS
 from planner.plan import Plan
 from planner.planners import get_planner, get_timed_planner
 from planner.planners.none import program_none
-from planner.planners.ordering import ORDERS
 from planner.timeline import Timeline
 
 __all__ = [

@@ -29,6 +29,8 @@ bound when the model was whole).
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -36,11 +38,16 @@ from pathlib import Path
 
 import numpy as np
 
-from planner import api, bounds
+from planner import api, bounds, workloads
+from planner.cost import op_durations_ns
 from planner.executor import simulate
+from planner.formats import save_graph
 from planner.graph import AUTO, Graph, Op, Tensor, TensorKind
 from planner.hardware import HBM
 from planner.placement import bytes_by_kind
+from planner.planners import PLANNERS
+from planner.planners.greedy import plan_greedy
+from planner.planners.greedy_sweep import grid_points
 from planner.planners.none import plan_none
 from planner.report.paper import phase_latencies
 
@@ -63,8 +70,6 @@ class Case:
 def generated_graph(ops: int) -> Graph:
     """A LLaMA-3-8B training graph (pipeline stage 0, 16 layers or fewer) of about ``ops`` ops: the layer and
     micro-batch counts are chosen to come close (one micro-batch of one layer is about 31 ops)."""
-    from planner import workloads
-
     if ops <= 1500:
         layers = max(1, round((ops - 42) / 258))
         g = workloads.generate("llama3-8b-no2", layers=layers)
@@ -142,8 +147,6 @@ def _random_dag(rng: np.random.Generator, name: str, n_ops: int) -> Graph:
 def _cut(graph: Graph, n_ops: int, name: str, scale: float = 1e-3) -> Graph:
     """The first ``n_ops`` ops of ``graph`` (graph order) and the tensors they use, sizes times ``scale`` (in
     whole kilobytes) and durations (on ascend-910c) in whole microseconds."""
-    from planner.cost import op_durations_ns
-
     ops = graph.ops[:n_ops]
     used = {t for op in ops for t in op.inputs + op.outputs + op.updates}
     dur = op_durations_ns(graph, api.hardware("ascend-910c"))
@@ -168,8 +171,6 @@ def true_gaps(rows: list[dict]) -> list[dict]:
 
 def fullsize_graph(workload: str = "deepseek-v3-nsa-64k") -> Graph:
     """The paper's full-size inference graph (all 61 layers), generated with the workload's defaults."""
-    from planner import workloads
-
     return workloads.generate(workload)
 
 
@@ -210,16 +211,12 @@ def suite(names: Iterable[str] = ("paper", "checkmate", "generated"), quick: boo
 
 
 def _sweep_affordable(graph: Graph, hw) -> bool:
-    from planner.planners import PLANNERS
-
     if "greedy-sweep" not in PLANNERS:
         return False
     t = time.monotonic()
     PLANNERS["greedy"](graph, hw)
     single = time.monotonic() - t
     try:
-        from planner.planners.greedy_sweep import grid_points
-
         points = len(grid_points())
     except Exception:  # noqa: BLE001
         points = 50
@@ -229,8 +226,6 @@ def _sweep_affordable(graph: Graph, hw) -> bool:
 def run_case(case: Case, fractions=FRACTIONS, planners=("greedy", "cpsat"), time_limit: float = 60.0,
              seed: int = 0, workers: int = 2, progress: Callable[[dict], None] | None = None) -> list[dict]:
     """Every planner at every budget of one case: one row each."""
-    from planner.planners import PLANNERS
-
     graph = case.load()
     base_hw = api.hardware(case.preset, **case.overrides)
     ref = api.no_offload_reference(graph, base_hw)
@@ -335,13 +330,6 @@ def run_scale(workdir: Path, hbm: str = SCALE_HBM, layers: int | None = None, re
     planning, validating, the no-offload reference, the summary and the schedule file), greedy's own time, and per
     allocator model the executor's time and steps per second.
     """
-    import subprocess
-    import sys
-
-    from planner import workloads
-    from planner.formats import save_graph
-    from planner.planners.greedy import plan_greedy
-
     rows = []
     for preset, options in graphs:
         kwargs = dict(options, **({"layers": layers} if layers else {}))

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from planner.cost import op_durations_ns
 from planner.graph import Graph
-from planner.hardware import Hardware
+from planner.hardware import HBM, Hardware
+from planner.orders import best_no_offload_order, live_bytes
 
 
 @dataclass(frozen=True)
@@ -83,8 +86,6 @@ def _rates(hw: Hardware) -> tuple[float, float]:
 
 def _bitsets(graph: Graph):
     """Ancestor and descendant bitsets of every op (bit i = op index i)."""
-    import numpy as np
-
     index = graph.op_index
     n = len(graph.ops)
     dag = graph.dag
@@ -126,10 +127,6 @@ def makespan_bounds(graph: Graph, hw: Hardware) -> list[Bound]:
       ancestors' compute, the store time and the fetch time, and the step ends no earlier than that plus ``o``'s
       compute and its descendants'.
     """
-    import numpy as np
-
-    from planner.hardware import HBM
-
     durations = op_durations_ns(graph, hw)
     out = [compute_bound(graph, hw)]
     budget = hw.hbm_bytes
@@ -180,8 +177,6 @@ def makespan_bounds(graph: Graph, hw: Hardware) -> list[Bound]:
     upd_t, upd_o = np.array(upd_t, dtype=np.int64), np.array(upd_o, dtype=np.int64)
     cands = range(n)
     if n > BOUND_SAMPLE:
-        from planner.planners.ordering import best_no_offload_order, live_bytes
-
         order = best_no_offload_order(graph)
         live = live_bytes(graph, order)
         top = sorted(range(n), key=lambda k: -live[k])[: BOUND_SAMPLE // 2]
@@ -242,8 +237,6 @@ def store_back_bound(graph: Graph, hw: Hardware, anc, as_array, dur) -> Bound | 
     machine of that rate (preemption allowed, which only lowers it) is the largest, over the release times r, of
     r plus the work released at or after r. Tensors whose tier the planner chooses are left out (they may start
     on HBM)."""
-    from planner.hardware import HBM
-
     last_update: dict[str, int] = {}
     for i, op in enumerate(graph.ops):
         for t in op.updates:
@@ -284,8 +277,6 @@ def order_transfer_bound(graph: Graph, hw: Hardware, order: list[str] | None = N
     lowers the bound). The op then starts no earlier than that store time and the compute before it, and the step
     ends no earlier than that plus the compute from it on.
     """
-    from planner.planners.ordering import best_no_offload_order, live_bytes
-
     order = order or best_no_offload_order(graph)
     durations = op_durations_ns(graph, hw)
     live = live_bytes(graph, order, remote_resident=False)

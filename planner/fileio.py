@@ -1,10 +1,14 @@
-"""Atomic file writes: a reader never sees half a file, an interrupted run leaves the old one."""
+"""Files in and out: JSON read with one-line errors naming the file, and atomic writes (a reader never sees half a
+file, an interrupted run leaves the old one)."""
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
+
+from planner.errors import InputError
 
 
 def write_atomic(path: str | Path, data: str | bytes) -> None:
@@ -27,3 +31,22 @@ def write_atomic(path: str | Path, data: str | bytes) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def read_json(path: str | Path) -> object:
+    """Return the parsed JSON of ``path``; raise InputError for a missing file or invalid JSON."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(str(path), "file", "no such file") from None
+    except IsADirectoryError:
+        raise InputError(str(path), "file", "is a directory") from None
+    except UnicodeDecodeError:
+        raise InputError(str(path), "file", "not UTF-8 text (a binary file?)") from None
+    except OSError as exc:
+        raise InputError(str(path), "file", exc.strerror or str(exc)) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(str(path), f"line {exc.lineno} column {exc.colno}", f"invalid JSON: {exc.msg}") from None

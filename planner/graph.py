@@ -5,8 +5,6 @@ A Graph is plain, validated data. It knows nothing of hardware, plans or time.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -195,7 +193,7 @@ class Graph:
     @cached_property
     def home_free(self) -> dict:
         """Values other modules derive from the graph that do not depend on tensor homes (the no-offload order:
-        planner/planners/ordering.py), kept here so that each is computed once per graph; graphs that differ
+        planner/orders.py), kept here so that each is computed once per graph; graphs that differ
         from this one only in homes share it (planner/placement.py)."""
         return {}
 
@@ -214,16 +212,6 @@ class Graph:
 
     def total_bytes(self) -> int:
         return sum(t.bytes for t in self.tensors.values())
-
-    def canonical_json(self) -> str:
-        """Return the graph as canonical JSON (sorted keys, graph order), the basis of ``sha256``."""
-        from planner.formats.hograph import graph_to_dict
-
-        return json.dumps(graph_to_dict(self), sort_keys=True, separators=(",", ":"))
-
-    @cached_property
-    def sha256(self) -> str:
-        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
 
 
 def _dependency_dag(ops: Sequence[Op], producer: dict[str, str]) -> nx.DiGraph:

@@ -12,6 +12,7 @@ import os
 from dataclasses import asdict, dataclass, field, replace
 
 from planner.errors import InputError
+from planner.fileio import read_json
 from planner.units import parse_bandwidth, parse_size, parse_time
 
 HBM = "hbm"
@@ -271,7 +272,6 @@ def load_spec(path: str) -> Hardware:
 
     Raises InputError naming the file for a missing file, bad JSON, or a malformed or inconsistent spec.
     """
-    from planner.formats import read_json  # here: planner.formats imports the graph, which need not load with this
 
     doc = read_json(path)
     if isinstance(doc, dict) and str(doc.get("format", "")).startswith("ho-schedule/"):

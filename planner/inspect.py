@@ -7,7 +7,7 @@
 
 The no-offload peak and makespan are the executor's (``api.no_offload_reference``: the figures ``ho-plan GRAPH``
 prints) on graphs of up to ``SIMULATE_MAX_OPS`` ops. Above that the run costs seconds (2.8 s at 29k ops), so the
-peak comes from tensor sizes in the graph's order instead (``planner.planners.ordering.live_bytes``, a third of a
+peak comes from tensor sizes in the graph's order instead (``planner.orders.live_bytes``, a third of a
 second at 29k ops): an upper bound of the executor's figure, with no makespan. ``simulate`` forces either.
 ``at_budget=True`` adds the makespan lower bound at the hardware's HBM budget (seconds on 30k-op graphs too).
 """
@@ -16,9 +16,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from planner import api
 from planner.bounds import compute_bound, hbm_floor, largest_working_set, makespan_bound
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
+from planner.orders import graph_order, live_bytes
 
 # Shares of the no-offload peak suggested as budgets; `ho-plan sweep budget` tries them among its default fractions.
 BUDGET_SHARES = (0.9, 0.8, 0.7, 0.6)
@@ -92,8 +94,6 @@ def inspect_graph(graph: Graph, hw: Hardware, *, simulate: bool | None = None, a
     makespan. ``at_budget``: also the makespan lower bound at ``hw``'s HBM (``bounds.makespan_bound``).
     Raises InputError (naming ``source``) when a tensor is pinned to a tier ``hw`` does not have.
     """
-    from planner import api
-
     api.check_compatible(graph, hw, source)
     by_kind: dict[str, int] = {}
     start: dict[str, dict[str, int]] = {}
@@ -115,8 +115,6 @@ def inspect_graph(graph: Graph, hw: Hardware, *, simulate: bool | None = None, a
         ref = api.no_offload_reference(graph, hw).metrics
         peak, makespan_us, peak_source = ref.peak_bytes.get(HBM, 0), ref.makespan_ns / 1000, EXECUTOR
     else:
-        from planner.planners.ordering import graph_order, live_bytes
-
         # The graph's order, not the no-offload plan's (best_no_offload_order): finding that order costs seconds on
         # 30k-op graphs, and it never peaks above the graph's order, so this stays an upper bound of its peak.
         peak, makespan_us, peak_source = max(live_bytes(graph, graph_order(graph)), default=0), None, SIZES

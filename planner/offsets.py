@@ -22,7 +22,7 @@ from itertools import chain
 
 import numpy as np
 
-from planner.allocator import live_end, residency_instances
+from planner.allocator import live_end, offset_of, residency_instances
 from planner.timeline import Residency
 
 # A union of address intervals, kept merged: sorted disjoint [starts[k], ends[k]) (touching ones merge).
@@ -240,8 +240,6 @@ def offsets_by_name(by_instance: dict[tuple[str, int], int]) -> dict[str, int | 
 
 def offsets_height(residencies: Iterable[Residency], offsets: dict, tier: str = "hbm") -> int:
     """The highest address end the offsets reach on ``tier``."""
-    from planner.allocator import offset_of
-
     h = 0
     for r, k in residency_instances(residencies, tier):
         off = offset_of(offsets, r.name, k)
@@ -250,24 +248,4 @@ def offsets_height(residencies: Iterable[Residency], offsets: dict, tier: str = 
     return h
 
 
-def offsets_within(
-    residencies: Iterable[Residency], capacity: int, tier: str = "hbm", time_limit_s: float = 10.0
-) -> tuple[dict[str, int | list[int]], int]:
-    """Return (offsets, their height): best fit's, or, when those end above ``capacity``, CP-SAT's exact
-    assignment within it if it finds one (``planner/offsets_cpsat.py``: timelines of up to a few hundred
-    allocations). The height is above ``capacity`` only when neither fits."""
-    from planner.offsets_cpsat import fit_offsets
-
-    residencies = list(residencies)
-    offs = assign_offsets(residencies, tier)
-    height = offsets_height(residencies, offs, tier)
-    if height <= capacity:
-        return offs, height
-    exact = fit_offsets(residencies, capacity, tier=tier, time_limit_s=time_limit_s)
-    if exact is None:
-        return offs, height
-    return exact, offsets_height(residencies, exact, tier)
-
-
-__all__ = ["ORDERS", "assign_offsets", "best_fit_offset", "best_fit_run", "offsets_by_name", "offsets_height",
-           "offsets_within"]
+__all__ = ["ORDERS", "assign_offsets", "best_fit_offset", "best_fit_run", "offsets_by_name", "offsets_height"]

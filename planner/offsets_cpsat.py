@@ -21,8 +21,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from ortools.sat.python import cp_model
+
 from planner.allocator import live_end, residency_instances
-from planner.offsets import offsets_by_name
+from planner.offsets import assign_offsets, offsets_by_name, offsets_height
 from planner.timeline import Residency
 
 EXACT_MAX_BLOCKS = 400  # larger timelines keep best fit (measured: no gain within seconds at 1,000+ allocations)
@@ -40,8 +42,6 @@ def fit_offsets(
     """Return offsets (in ``assign_offsets``'s form) with every ``tier`` allocation inside ``[0, capacity)`` and no
     two allocations live at the same time overlapping, or None when CP-SAT finds none within its effort (or the
     timeline has more than ``EXACT_MAX_BLOCKS`` allocations)."""
-    from ortools.sat.python import cp_model
-
     every = residency_instances(residencies, tier)
     inst = [(r, k) for r, k in every if live_end(r) > r.start_ns]
     if not inst:
@@ -88,4 +88,21 @@ def _overlapping_pairs(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return pairs
 
 
-__all__ = ["EXACT_MAX_BLOCKS", "fit_offsets"]
+__all__ = ["EXACT_MAX_BLOCKS", "fit_offsets", "offsets_within"]
+
+
+def offsets_within(
+    residencies: Iterable[Residency], capacity: int, tier: str = "hbm", time_limit_s: float = 10.0
+) -> tuple[dict[str, int | list[int]], int]:
+    """Return (offsets, their height): best fit's, or, when those end above ``capacity``, CP-SAT's exact
+    assignment within it if it finds one (``planner/offsets_cpsat.py``: timelines of up to a few hundred
+    allocations). The height is above ``capacity`` only when neither fits."""
+    residencies = list(residencies)
+    offs = assign_offsets(residencies, tier)
+    height = offsets_height(residencies, offs, tier)
+    if height <= capacity:
+        return offs, height
+    exact = fit_offsets(residencies, capacity, tier=tier, time_limit_s=time_limit_s)
+    if exact is None:
+        return offs, height
+    return exact, offsets_height(residencies, exact, tier)

@@ -9,9 +9,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from planner import api
 from planner.errors import InputError, InputErrors
 from planner.executor import simulate
 from planner.fileio import write_atomic
+from planner.formats.hograph import graph_sha256
 from planner.graph import Graph
 from planner.hardware import Hardware
 from planner.placement import HOMES_KEY, apply_homes
@@ -34,7 +36,8 @@ def schedule_to_dict(graph: Graph, hw: Hardware, plan: Plan, timeline: Timeline)
         {"id": i, "start_us": tm.start_ns / 1000, "end_us": tm.end_ns / 1000, "channel": tm.channel}
         for i, tm in enumerate(timeline.steps)
     ]
-    graph_doc = {"name": graph.name, "sha256": graph.sha256, "ops": len(graph.ops), "tensors": len(graph.tensors)}
+    graph_doc = {"name": graph.name, "sha256": graph_sha256(graph), "ops": len(graph.ops),
+                 "tensors": len(graph.tensors)}
     if graph.metadata.get(HOMES_KEY):
         # Homes set on the command line (--home): validation applies them again to the file's graph.
         graph_doc["homes"] = graph.metadata[HOMES_KEY]
@@ -141,8 +144,6 @@ MAX_ERRORS = 20
 def _check_against_graph(doc: dict, graph: Graph, hw: Hardware, source: str) -> list[InputError]:
     """The file's graph counts, tensor table and planner options against the graph and the planners, and the
     graph's pinned homes against the file's hardware: one error per difference."""
-    from planner import api  # here: api imports every planner, which validation needs only for this check
-
     errors: list[InputError] = []
     for key, n in (("ops", len(graph.ops)), ("tensors", len(graph.tensors))):
         recorded = doc["graph"].get(key, n)
@@ -287,12 +288,12 @@ def validate_schedule(doc: dict, graph: Graph, source: str, hardware: Hardware |
         if not isinstance(homes, dict):
             raise InputError(source, "graph.homes", "must map tensor kinds to tiers or auto")
         graph = apply_homes(graph, homes, source=source)
-    recorded = doc.get("graph", {}).get("sha256")
-    if recorded != graph.sha256:
+    recorded, digest = doc.get("graph", {}).get("sha256"), graph_sha256(graph)
+    if recorded != digest:
         raise InputError(
             source, "graph.sha256",
             f"schedule was made for graph {doc.get('graph', {}).get('name')!r} ({str(recorded)[:12]}...), "
-            f"not {graph.name!r} ({graph.sha256[:12]}...)",
+            f"not {graph.name!r} ({digest[:12]}...)",
         )
     hw = Hardware.from_dict(doc.get("hardware"), source).validate(source)
     errors = _check_against_graph(doc, graph, hw, source)

@@ -7,8 +7,8 @@ from planner import api
 from planner.executor import simulate
 from planner.formats import load_graph
 from planner.graph import Graph, Op, Tensor, TensorKind
+from planner.orders import live_bytes, memory_aware_order
 from planner.planners.none import plan_none
-from planner.planners.ordering import live_bytes, memory_aware_order
 from planner.planners.reactive import plan_reactive
 
 

@@ -17,6 +17,7 @@ from planner.planners.cpsat import plan_cpsat, plan_cpsat_timed, solve, worker
 from planner.planners.cpsat.decode import plan_from_assignment
 from planner.planners.cpsat.hint import check
 from planner.planners.cpsat.model import Model, whole_frame
+from planner.planners.cpsat.run import Run
 from planner.schedule import dumps_schedule, schedule_to_dict
 
 NS = 1e-9
@@ -81,7 +82,7 @@ def test_reordering_alone_fits_the_budget_with_no_transfer():
     g = three_bigs()
     hw = simple_hardware(hbm=150, bw=1e6)  # 1 byte per us: any offload costs 100 us
     graph_order = [op.name for op in g.ops]
-    from planner.planners.ordering import live_bytes
+    from planner.orders import live_bytes
 
     assert max(live_bytes(g, graph_order)) > 150
     plan = plan_cpsat(g, hw, time_limit=10, workers=1)
@@ -202,7 +203,7 @@ def test_a_killed_solver_returns_within_its_limit():
     # A model CP-SAT cannot finish: the child is stopped at the deadline and the best solution kept.
     g = api.load_graph(GRAPHS / "transformer_block.json")
     hw = api.hardware("ascend-910c", hbm="1GB")
-    run = solve.Run(g, hw, 30, 0, 2, False, None)
+    run = Run(g, hw, 30, 0, 2, False, None)
     base, base_tl = solve.starting_plan(run)
     p, asg = solve.prepare(run, base, base_tl)
     m = Model(p, whole_frame(p, asg))
@@ -216,7 +217,7 @@ def test_a_killed_solver_returns_within_its_limit():
 def test_the_hint_is_complete_and_feasible_and_decodes_to_a_valid_plan():
     g = api.load_graph(GRAPHS / "transformer_block.json")
     hw = api.hardware("ascend-910c", hbm="1GB")
-    run = solve.Run(g, hw, 30, 0, 1, True, None)
+    run = Run(g, hw, 30, 0, 1, True, None)
     base, base_tl = solve.starting_plan(run)
     p, asg = solve.prepare(run, base, base_tl)
     assert check(p, asg) == []
@@ -235,7 +236,7 @@ def test_lns_window_hints_are_feasible():
 
     g = api.load_graph(GRAPHS / "llama3-8b-no2-4layers.json")
     hw = api.hardware("ascend-910c", hbm=_budget(g, 0.6))
-    run = solve.Run(g, hw, 30, 0, 1, True, None)
+    run = Run(g, hw, 30, 0, 1, True, None)
     base, base_tl = solve.starting_plan(run)
     p, asg = solve.prepare(run, base, base_tl)
     inc = incumbent_from_plan(p, plan_from_assignment(p, asg))
@@ -304,7 +305,7 @@ def test_the_hint_satisfies_the_model_it_is_built_for(case):
 
     from planner.planners.cpsat.hint import check
     from planner.planners.cpsat.model import Model, whole_frame
-    from planner.planners.cpsat.solve import Run, op_windows, prepare, starting_plan
+    from planner.planners.cpsat.solve import op_windows, prepare, starting_plan
 
     g, hw = {
         "block": lambda: _block({}),

@@ -15,7 +15,7 @@ from planner.cli import main
 from planner.graph import AUTO, Graph
 from planner.hardware import HBM
 from planner.inspect import BUDGET_SHARES, inspect_graph
-from planner.planners.ordering import graph_order, live_bytes
+from planner.orders import graph_order, live_bytes
 
 TB = GRAPHS / "transformer_block.json"
 

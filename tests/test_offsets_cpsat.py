@@ -6,8 +6,8 @@ import random
 
 from planner import offsets_cpsat
 from planner.allocator import check_offsets
-from planner.offsets import assign_offsets, offsets_height, offsets_within
-from planner.offsets_cpsat import fit_offsets
+from planner.offsets import assign_offsets, offsets_height
+from planner.offsets_cpsat import fit_offsets, offsets_within
 from planner.timeline import Residency
 
 

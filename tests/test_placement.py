@@ -11,7 +11,7 @@ from conftest import GRAPHS, ROOT, chain_graph, simple_hardware
 from planner import api
 from planner.errors import InputError, InputErrors
 from planner.executor import simulate
-from planner.formats.hograph import graph_to_dict
+from planner.formats.hograph import graph_sha256, graph_to_dict
 from planner.graph import AUTO, Graph, Op, Tensor, TensorKind
 from planner.hardware import HBM
 from planner.placement import apply_homes, bytes_by_kind, parse_homes, start_tiers, with_placement
@@ -40,7 +40,7 @@ def test_apply_homes_sets_homes_by_kind_and_records_them():
     free = apply_homes(g, {"weight": AUTO}, hw)
     weights = [n for n, t in g.tensors.items() if t.kind is TensorKind.WEIGHT]
     assert sorted(free.free_tensors) == sorted(weights)
-    assert free.metadata["homes"] == {"weight": "auto"} and free.sha256 != g.sha256
+    assert free.metadata["homes"] == {"weight": "auto"} and graph_sha256(free) != graph_sha256(g)
     assert apply_homes(g, {}, hw) is g
     with pytest.raises(InputError, match="has no tier 'pool'"):
         apply_homes(g, {"weight": "pool"}, hw)

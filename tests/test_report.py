@@ -121,7 +121,7 @@ def test_pngs_are_written_and_non_empty(tmp_path):
 
 
 def test_valid_plans_are_saved_as_schedules_that_validate(tmp_path):
-    from planner.formats import read_json
+    from planner.fileio import read_json
     from planner.schedule import validate_schedule
 
     g, hw = small()

@@ -8,6 +8,7 @@ from conftest import GRAPHS
 from planner import api
 from planner.errors import InputError
 from planner.formats import load_graph
+from planner.formats.hograph import graph_sha256
 from planner.schedule import dumps_schedule, schedule_to_dict, validate_schedule, write_schedule
 
 
@@ -32,7 +33,7 @@ def test_fields(planned):
     g, hw, r = planned
     doc = schedule_to_dict(g, hw, r.plan, r.timeline)
     assert doc["format"] == "ho-schedule/1"
-    assert doc["graph"]["sha256"] == g.sha256 and len(doc["graph"]["sha256"]) == 64
+    assert doc["graph"]["sha256"] == graph_sha256(g) and len(doc["graph"]["sha256"]) == 64
     assert doc["hardware"]["tiers"][0] == {"name": "hbm", "capacity_bytes": 1_200_000_000}
     assert {e["kind"] for e in doc["program"]} >= {"compute", "prefetch", "store", "detach"}
     assert len(doc["timeline"]) == len(doc["program"])

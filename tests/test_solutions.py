@@ -11,7 +11,8 @@ from click.testing import CliRunner
 from conftest import ROOT, SOLUTIONS
 
 from planner.bounds import makespan_bound
-from planner.formats import load_graph, read_json
+from planner.fileio import read_json
+from planner.formats import load_graph
 from planner.report.solutions import TOLERANCE, entry_hardware, missing_entries, replan
 from planner.schedule import validate_schedule
 

@@ -18,7 +18,8 @@ from planner.cli import main
 from planner.executor import simulate
 from planner.planners.cpsat import plan_cpsat, worker
 from planner.planners.cpsat.model import Model, whole_frame
-from planner.planners.cpsat.solve import INTERRUPTED_NOTE, Run, prepare, starting_plan
+from planner.planners.cpsat.run import INTERRUPTED_NOTE, Run
+from planner.planners.cpsat.solve import prepare, starting_plan
 from planner.quality import STOP_REASONS, plan_quality, solver_outcome
 
 TB = str(GRAPHS / "transformer_block.json")

@@ -7,15 +7,19 @@ to a JSON file with ``-o``.
 from __future__ import annotations
 
 import json
+import tempfile
 import time
+from pathlib import Path
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from planner.cli import main, run_guarded
+from planner import bench
+from planner.cli.main import main, run_guarded
 from planner.errors import InputError
 from planner.fileio import write_atomic
+from planner.planners import PLANNERS
 from planner.units import format_bytes
 
 BENCH_EXAMPLES = """
@@ -51,8 +55,6 @@ def bench_cmd(suites, quick, only, budgets, planners, time_limit, seed, workers,
     """Run the benchmark suite and print greedy against cpsat per graph and budget."""
 
     def go():
-        from planner import bench
-
         names_given = [s.strip() for s in suites.split(",") if s.strip()]
         if "scale" in names_given:
             if len(names_given) > 1:
@@ -67,7 +69,6 @@ def bench_cmd(suites, quick, only, budgets, planners, time_limit, seed, workers,
         if not fractions or any(not 0 < f <= 2 for f in fractions):
             raise InputError("command line", "--budgets", "fractions must be in (0, 2]")
         names = tuple(x.strip() for x in planners.split(",") if x.strip())
-        from planner.planners import PLANNERS
 
         for n in names:
             if n not in PLANNERS:
@@ -117,9 +118,6 @@ def bench_cmd(suites, quick, only, budgets, planners, time_limit, seed, workers,
 
 
 def _scale(bench, hbm: str, layers: int | None, repeats: int, output: str | None) -> None:
-    import tempfile
-    from pathlib import Path
-
     err = Console(stderr=True)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="ho-plan-scale-") as tmp:

@@ -12,9 +12,11 @@ import time
 
 import click
 
-from planner.cli import main, run_guarded
+from planner.cli.main import main, run_guarded
 from planner.errors import InputError
+from planner.formats import save_graph
 from planner.units import format_bytes
+from planner.workloads import generate, resolve
 
 GENERATE_EXAMPLES = """
 \b
@@ -124,9 +126,6 @@ def generate_cmd(workload, output, **raw):
     """Generate WORKLOAD (one device's graph) and write it as ho-graph/1 to FILE."""
 
     def go():
-        from planner.formats import save_graph
-        from planner.workloads import resolve
-
         fn, _ = resolve(workload)
         if not output:
             raise InputError("command line", "-o", "give the file to write, e.g. -o graph.json")
@@ -140,7 +139,6 @@ def generate_cmd(workload, output, **raw):
             if param not in accepted:
                 raise InputError("command line", shown, f"does not apply to workload {workload!r}")
             kwargs[param] = value if kind == "bool" else _convert(value, kind, shown)
-        from planner.workloads import generate
 
         t0 = time.perf_counter()
         graph = generate(workload, **kwargs)

@@ -12,9 +12,11 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from planner.cli import build_hardware, graph_options, hardware_options, load_options, main, run_guarded
+from planner import api
 from planner.cli.generate import OneLineCommand
-from planner.inspect import SIMULATE_MAX_OPS, GraphInspection
+from planner.cli.main import build_hardware, graph_options, hardware_options, load_options, main, run_guarded
+from planner.inspect import SIMULATE_MAX_OPS, GraphInspection, inspect_graph
+from planner.placement import apply_homes, parse_homes
 from planner.units import format_bytes, format_time_us
 
 INSPECT_EXAMPLES = """
@@ -42,10 +44,6 @@ def inspect_cmd(graph_path, homes, simulate, as_json, **hw_kw):
     HBM floor, the compute bound and budgets to try; with --hbm also the makespan lower bound at that budget."""
 
     def go():
-        from planner import api
-        from planner.inspect import inspect_graph
-        from planner.placement import apply_homes, parse_homes
-
         graph = api.load_graph(graph_path, **load_options(hw_kw))
         at_budget = hw_kw["hbm"] is not None
         hw = build_hardware(hw_kw)

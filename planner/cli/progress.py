@@ -17,6 +17,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
+from planner.planners.cpsat.solve import log_target
+
 
 class _State:
     def __init__(self) -> None:
@@ -53,7 +55,6 @@ def log_on_stderr(options: dict) -> bool:
     callback then writes to stderr (``-O log=PATH``: the planner writes the file itself)."""
     if "log" not in options:
         return False
-    from planner.planners.cpsat.solve import log_target
 
     return log_target(options["log"])[0] == "stream"
 

@@ -6,6 +6,7 @@ short summary on stdout.
 
 from __future__ import annotations
 
+import inspect
 import json
 import shlex
 import sys
@@ -13,14 +14,23 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from planner import api
-from planner.cli import OneLineGroup, _option_value, _pairs, build_hardware, hardware_options, main, run_guarded
+from planner.cli.main import OneLineGroup, _option_value, _pairs, build_hardware, hardware_options, main, run_guarded
 from planner.errors import InputError
+from planner.fileio import write_atomic
+from planner.planners import PLANNERS
+from planner.report import bandwidth_sweep, budget_sweep, compare, seqlen_sweep, write_report
+from planner.report import solutions as S
 from planner.report.compare import REPORT_PLANNERS, VALID
+from planner.report.paper import PaperConfig, inference_table, run_paper, training_table, write_paper
+from planner.report.sweeps import resolve_generator
+from planner.report.writer import fmt_bytes, fmt_pct, fmt_seconds, fmt_time, sweep_markdown, write_sweep
 from planner.units import parse_bandwidth
 
 REPORT_EXAMPLES = """
@@ -46,8 +56,6 @@ Examples:
 
 def parse_planners(text: str | None, item: str = "--planners") -> list[str]:
     """``none,reactive`` -> names, each checked against the registry; default: every report planner there is."""
-    from planner.planners import PLANNERS
-
     if not text:
         return [n for n in REPORT_PLANNERS if n in PLANNERS]
     names = [n.strip() for n in text.split(",") if n.strip()]
@@ -139,8 +147,6 @@ def sweep_options(f):
 
 def _command_line() -> str:
     """The command as given, rebuilt from the parsed parameters (not sys.argv, which differs under test)."""
-    from click.core import ParameterSource
-
     ctx = click.get_current_context()
     words = ctx.command_path.split()
     words[0] = "ho-plan"
@@ -194,8 +200,6 @@ def report_cmd(graph_path, planners_text, planner_options, time_limit, jobs, qui
     """
 
     def go():
-        from planner.report import bandwidth_sweep, budget_sweep, compare, write_report
-
         graph = api.load_graph(graph_path)
         hw = build_hardware(hw_kw)
         names = parse_planners(planners_text)
@@ -232,10 +236,6 @@ def report_cmd(graph_path, planners_text, planner_options, time_limit, jobs, qui
 
 
 def _print_rows(rows: list[dict]) -> None:
-    from rich.table import Table
-
-    from planner.report.writer import fmt_bytes, fmt_pct, fmt_seconds, fmt_time
-
     t = Table(show_header=True, header_style="bold")
     for h in ("planner", "status", "peak HBM", "makespan", "overhead", "stall", "gap vs bound", "solve"):
         t.add_column(h)
@@ -259,9 +259,6 @@ def sweep_group():
 
 
 def _write_sweep(out: str, sw: dict, as_json: bool) -> None:
-    from planner.fileio import write_atomic
-    from planner.report.writer import sweep_markdown, write_sweep
-
     files = write_sweep(Path(out), sw)
     md = f"# ho-plan sweep: {sw['kind']}\n\nMade by `{_command_line()}`.\n\n" + sweep_markdown(sw)
     write_atomic(Path(out) / f"sweep-{sw['kind']}.md", md)
@@ -284,8 +281,6 @@ def sweep_budget_cmd(graph_path, planners_text, planner_options, time_limit, job
     """Each planner at HBM budgets given as shares of the no-offload peak: the peak/makespan trade-off."""
 
     def go():
-        from planner.report import budget_sweep
-
         graph, hw, names, options = _sweep_inputs(graph_path, hw_kw, planners_text, planner_options, time_limit)
         with progress_display(not quiet) as bar:
             sw = budget_sweep(graph, hw, parse_floats(fractions, "--fractions"), names, options, jobs,
@@ -319,8 +314,6 @@ def sweep_bandwidth_cmd(graph_path, planners_text, planner_options, time_limit, 
     """Each planner at one HBM budget while the links' bandwidth goes from 20 to 400 GB/s."""
 
     def go():
-        from planner.report import bandwidth_sweep
-
         graph, hw, names, options = _sweep_inputs(graph_path, hw_kw, planners_text, planner_options, time_limit)
         links = [x.strip() for x in links_text.split(",") if x.strip()]
         with progress_display(not quiet) as bar:
@@ -365,9 +358,6 @@ def sweep_seqlen_cmd(generator, planners_text, planner_options, time_limit, jobs
     """
 
     def go():
-        from planner.report import seqlen_sweep
-        from planner.report.sweeps import resolve_generator
-
         fn = resolve_generator(generator)
         hw = build_hardware(hw_kw)
         names = parse_planners(planners_text)
@@ -391,8 +381,6 @@ def sweep_seqlen_cmd(generator, planners_text, planner_options, time_limit, jobs
 
 def _check_generator_args(fn, generator: str, keys: list[str], seq_param: str) -> None:
     """Each -G key and --seq-param is an argument of the generator: every point would fail otherwise."""
-    import inspect
-
     params = inspect.signature(fn).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return
@@ -419,8 +407,6 @@ def solutions_cmd(root, only, add_missing):
     """
 
     def go():
-        from planner.report import solutions as S
-
         base = Path(root)
         if add_missing:
             S.add_missing(base, log=click.echo)
@@ -463,8 +449,6 @@ def paper_cmd(out_dir, layers, decode_steps, block, seq_max, max_overhead, train
     """
 
     def go():
-        from planner.report.paper import PaperConfig, run_paper, write_paper
-
         names = parse_planners(planners_text)
         cfg = PaperConfig(layers=layers, decode_steps=decode_steps, block=block, seq_hi=seq_max,
                           max_overhead=max_overhead, time_limit=10.0 if time_limit is None else time_limit,
@@ -473,7 +457,6 @@ def paper_cmd(out_dir, layers, decode_steps, block, seq_max, max_overhead, train
         with progress_display(not quiet) as bar:
             res = run_paper(cfg, bar)
         files = write_paper(out_dir, res, _command_line())
-        from planner.report.paper import inference_table, training_table
 
         click.echo(inference_table(res))
         click.echo()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from functools import cache
 from importlib import resources
@@ -144,3 +145,10 @@ def graph_to_dict(graph: Graph) -> dict:
     out["tensors"] = tensors
     out["nodes"] = nodes
     return out
+
+
+def graph_sha256(graph: Graph) -> str:
+    """The SHA-256 of ``graph``'s canonical ``ho-graph/1`` JSON (sorted keys, graph order): schedule files record
+    it, so that a schedule is checked against the graph it was made for."""
+    canonical = json.dumps(graph_to_dict(graph), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()

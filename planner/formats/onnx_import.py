@@ -33,6 +33,11 @@ from collections.abc import Iterable
 from fractions import Fraction
 from pathlib import Path
 
+import onnx
+import onnx.inliner
+from google.protobuf import json_format
+from onnx import numpy_helper  # noqa: F401  (imported for its side effect of loading onnx's mappings)
+
 from planner.errors import InputError
 from planner.formats.onnx_flops import node_flops
 from planner.graph import AUTO, DTYPE_BYTES, Graph, Op, Tensor, TensorKind
@@ -64,8 +69,6 @@ def load_onnx(path: str | Path, dims: dict[str, int] | None = None, symbolic: bo
     ``dims`` fixes symbolic dims by name. ``symbolic``: None uses onnxruntime's symbolic shape inference when
     ONNX's leaves shapes unknown and onnxruntime is importable; False never; True requires it.
     """
-    import onnx
-
     source = str(path)
     p = Path(path)
     if not p.exists():
@@ -83,9 +86,6 @@ def load_onnx(path: str | Path, dims: dict[str, int] | None = None, symbolic: bo
 def load_onnx_json(doc: dict, source: str, dims: dict[str, int] | None = None, symbolic: bool | None = None,
                    fold_views: bool = True, name: str | None = None) -> Graph:
     """Return the Graph of an ONNX ModelProto in protobuf's JSON form (``json_format.MessageToJson``)."""
-    import onnx
-    from google.protobuf import json_format
-
     model = onnx.ModelProto()
     try:
         json_format.ParseDict(doc, model)
@@ -98,8 +98,6 @@ def load_onnx_json(doc: dict, source: str, dims: dict[str, int] | None = None, s
 def graph_from_model(model, source: str = "<onnx>", dims: dict[str, int] | None = None, symbolic: bool | None = None,
                      fold_views: bool = True, name: str | None = None) -> Graph:
     """Return the Graph of an ``onnx.ModelProto`` (see the module docstring). The model is not modified."""
-    import onnx
-
     m = onnx.ModelProto()
     m.CopyFrom(model)
     g = m.graph
@@ -107,8 +105,6 @@ def graph_from_model(model, source: str = "<onnx>", dims: dict[str, int] | None 
         raise InputError(source, "graph", "the model has no nodes (not an ONNX model, or an empty graph)")
     if len(m.functions):
         try:
-            import onnx.inliner
-
             m = onnx.inliner.inline_local_functions(m)
             g = m.graph
         except Exception as exc:
@@ -284,8 +280,6 @@ def graph_from_model(model, source: str = "<onnx>", dims: dict[str, int] | None 
 
 
 def _attr(a):
-    import onnx
-
     v = onnx.helper.get_attribute_value(a)
     return v.decode("utf-8", "replace") if isinstance(v, bytes) else v
 
@@ -381,8 +375,6 @@ def _eval_dim(expr: str, dims: dict[str, int]) -> int | None:
 def _value_types(model) -> dict[str, tuple[int, list[Dim] | None]]:
     """Every top-level value's (element type, dims) the model states: initializers, Constant nodes, inputs,
     outputs and value_info. dims is None for an unknown rank."""
-    from onnx import numpy_helper  # noqa: F401  (imported for its side effect of loading onnx's mappings)
-
     g = model.graph
     out: dict[str, tuple[int, list[Dim] | None]] = {}
     for vi in list(g.value_info) + list(g.input) + list(g.output):

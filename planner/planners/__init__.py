@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from planner.errors import InputError
 from planner.graph import Graph
 from planner.hardware import Hardware
 from planner.plan import Plan
@@ -45,8 +46,6 @@ def get_timed_planner(name: str) -> TimedPlannerFn | None:
 
 
 def get_planner(name: str) -> PlannerFn:
-    from planner.errors import InputError
-
     try:
         return PLANNERS[name]
     except KeyError:

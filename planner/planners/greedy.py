@@ -33,13 +33,13 @@ from planner.bounds import hbm_floor, initial_hbm_bytes
 from planner.executor import simulate, with_static_offsets
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
-from planner.offsets import offsets_within
+from planner.offsets_cpsat import offsets_within
+from planner.orders import live_bytes, named_order
 from planner.placement import plan_placement
 from planner.plan import COMPUTE, Plan, ProgramBuilder
 from planner.planned import Planned
 from planner.planners.greedy_select import Context, Gap, select_gaps
 from planner.planners.none import plan_none
-from planner.planners.ordering import live_bytes, named_order
 from planner.planners.refine import place, resolve_copies
 from planner.timeline import Timeline
 from planner.units import format_bytes_exact, format_time_us

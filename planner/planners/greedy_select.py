@@ -34,7 +34,7 @@ import numpy as np
 from planner.cost import op_durations_ns, transfer_duration_ns
 from planner.graph import AUTO, Graph
 from planner.hardware import HBM, Hardware
-from planner.planners.ordering import named_order
+from planner.orders import named_order
 
 
 @dataclass

@@ -8,9 +8,9 @@ from dataclasses import replace
 from planner.executor import simulate
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
+from planner.orders import named_order
 from planner.placement import plan_placement, with_placement
 from planner.plan import Plan, ProgramBuilder
-from planner.planners.ordering import named_order
 from planner.units import format_bytes_exact
 
 
@@ -19,7 +19,7 @@ def plan_none(graph: Graph, hw: Hardware, order: str = "auto") -> Plan:
     those updated in place. Tensors whose tier the planner chooses start on HBM.
 
     ``order``: ``auto`` (the lower-peak of the graph's order and a memory-aware one, with the updates that
-    release store-backs moved up: ``ordering.best_no_offload_order``), ``lowest-peak`` (without that) or ``graph``.
+    release store-backs moved up: ``orders.best_no_offload_order``), ``lowest-peak`` (without that) or ``graph``.
     """
     plan = program_none(graph, hw, order)
     # None never offloads: when its own peak is over the budget, no plan of this planner fits. Say so.

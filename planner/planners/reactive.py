@@ -26,10 +26,10 @@ from planner.bounds import largest_working_set
 from planner.executor import simulate
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
+from planner.orders import best_no_offload_order, live_bytes
 from planner.placement import Placement, plan_placement, with_placement
 from planner.plan import COMPUTE, Plan, ProgramBuilder
 from planner.planners.none import no_offload_program
-from planner.planners.ordering import best_no_offload_order, live_bytes
 from planner.units import format_bytes_exact
 
 

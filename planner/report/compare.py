@@ -13,19 +13,23 @@ Rows are plain dicts with machine units (bytes, microseconds, seconds) so they g
 
 from __future__ import annotations
 
+import json
 import time
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from planner import api
+from planner import bounds as B
 from planner.errors import InfeasibleBudget
 from planner.executor import simulate
+from planner.formats.hograph import graph_sha256
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
 from planner.placement import bytes_by_kind
 from planner.plan import Plan
 from planner.planners import PLANNERS
+from planner.planners.greedy_sweep import plan_greedy_sweep
 from planner.timeline import Timeline
 
 # The planners a report compares, in this order, whichever are registered.
@@ -80,7 +84,7 @@ def graph_info(graph: Graph) -> dict:
         "name": graph.name,
         "ops": len(graph.ops),
         "tensors": len(graph.tensors),
-        "sha256": graph.sha256,
+        "sha256": graph_sha256(graph),
         "total_bytes": graph.total_bytes(),
         "kv_cache_bytes": kv,
     }
@@ -92,55 +96,17 @@ def reference_info(ref: Timeline) -> dict:
 
 
 def lower_bounds(graph: Graph, hw: Hardware) -> dict:
-    """The lower bounds every gap is reported against: ``{"makespan_us": {value, reason}, "peak_hbm_bytes": ...}``.
-
-    Uses the richest bound function ``planner.bounds`` offers (the CP-SAT work adds link-traffic bounds), and
-    falls back to total compute time and the largest single-op working set.
-    """
-    from planner import bounds as B
-
-    out: dict = {}
+    """The lower bounds every gap is reported against: ``{"makespan_us": {value, reason}, "peak_hbm_bytes": ...}``
+    (``bounds.makespan_bound`` and ``bounds.hbm_floor``)."""
     minimum, reason = B.hbm_floor(graph)
-    out["peak_hbm_bytes"] = {"value": minimum, "reason": reason}
-    candidates = []
-    fn = getattr(B, "makespan_bounds", None) or getattr(B, "makespan_bound", None)
-    if fn is not None:
-        try:
-            got = fn(graph, hw)
-            candidates.extend(got if isinstance(got, (list, tuple)) else [got])
-        except Exception:  # a bound that fails must not sink a report; fall back to the compute bound
-            pass
-    candidates.append(B.compute_bound(graph, hw))
-    best = max((b for b in candidates if getattr(b, "metric", "makespan_ns") == "makespan_ns"),
-               key=lambda b: b.value)
-    out["makespan_us"] = {"value": best.value / 1000, "reason": best.reason}
-    return out
-
-
-def _greedy_sweep(graph: Graph, hw: Hardware, **options) -> Plan:
-    """Greedy at the best setting of its sweep: the ``greedy-sweep`` planner when registered."""
-    if "greedy-sweep" in PLANNERS:
-        return PLANNERS["greedy-sweep"](graph, hw, **options)
-    import importlib
-
-    mod = importlib.import_module("planner.planners.greedy_sweep")
-    return mod.plan_greedy_sweep(graph, hw, **options)
-
-
-def _has_module(name: str) -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:
-        return False
+    best = B.makespan_bound(graph, hw)
+    return {"peak_hbm_bytes": {"value": minimum, "reason": reason},
+            "makespan_us": {"value": best.value / 1000, "reason": best.reason}}
 
 
 def planner_fn(name: str) -> Callable[..., Plan]:
     """The function a report calls for ``name``: greedy at its best sweep setting, the others as registered."""
-    if name == "greedy" and ("greedy-sweep" in PLANNERS or _has_module("planner.planners.greedy_sweep")):
-        return _greedy_sweep
-    return PLANNERS[name]
+    return plan_greedy_sweep if name == "greedy" else PLANNERS[name]
 
 
 def run_planner(
@@ -223,8 +189,6 @@ def _sweep_note(plan: Plan) -> list[str]:
 
 def _plain(d: dict) -> dict:
     """JSON-safe copy of planner options."""
-    import json
-
     return json.loads(json.dumps(d, default=str))
 
 

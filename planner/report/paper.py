@@ -20,20 +20,26 @@ GB/s is the paper's bandwidth-robustness curve (on par at 33.6 GB/s, +5.7% to +2
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from planner import api
+from planner.fileio import write_atomic
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware, preset
 from planner.placement import bytes_by_kind
+from planner.plan import StepKind
 from planner.planners.none import plan_none
+from planner.report import plots
 from planner.report.compare import VALID, available_planners, lower_bounds, run_planner
 from planner.report.sweeps import (
     PLAN_KEY,
     Progress,
     Runner,
+    _bisect,
     _split_timing,
     generate,
     min_budget_search,
@@ -43,6 +49,7 @@ from planner.report.sweeps import (
     with_bandwidth,
     with_hbm,
 )
+from planner.report.writer import markdown_table
 from planner.timeline import Timeline
 
 # The paper's figures (001_*.txt in the seeds: tables of the Chinese summary).
@@ -105,8 +112,6 @@ _DECODE = re.compile(r"^d\d+\.")
 def phase_latencies(plan, tl: Timeline, decode_steps: int) -> dict:
     """Prefill latency (start to the end of the last prefill op) and decode latency per step (the rest, divided
     by the steps), in microseconds, from the executed timeline of a ``long_context_inference`` graph."""
-    from planner.plan import StepKind
-
     prefill_end = decode_end = 0
     for s, tm in zip(plan.steps, tl.steps):
         if s.kind is not StepKind.COMPUTE:
@@ -138,8 +143,6 @@ def kv_free_peak(tl: Timeline) -> int:
 def kv_offload_longest(gen: str, args: dict, hw: Hardware, budget: int, step: int, hi: int) -> dict:
     """The longest sequence (multiple of ``step`` up to ``hi``) whose no-offload peak without any KV byte fits
     ``budget``: what offloading the whole KV cache, for free, would reach. Bisection, like the planners'."""
-    from planner.report.sweeps import _bisect
-
     state = {"kv": {"good": None, "bad": None}}
     cache: dict = {}
 
@@ -315,8 +318,6 @@ def _start(row: dict | None, kind: str) -> str:
 
 
 def inference_table(res: dict) -> str:
-    from planner.report.writer import markdown_table
-
     inf = res["inference"]
     names = inf["planners"]
     rows_ = inf["rows"]
@@ -377,8 +378,6 @@ def inference_table(res: dict) -> str:
 
 
 def training_table(res: dict) -> str:
-    from planner.report.writer import markdown_table
-
     tr = res["training"]
     names = tr["planners"]
     body = []
@@ -438,12 +437,6 @@ def paper_markdown(res: dict, command: str) -> str:
 
 def write_paper(out_dir, res: dict, command: str) -> list:
     """Write paper.md, paper.json and the plots into ``out_dir``; return the paths."""
-    import json
-    from pathlib import Path
-
-    from planner.fileio import write_atomic
-    from planner.report import plots
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "paper.json", json.dumps(res, indent=1, sort_keys=True, default=str) + "\n")

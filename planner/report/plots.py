@@ -16,9 +16,12 @@ from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 
 from planner.hardware import HBM
 from planner.timeline import Residency
+from planner.units import format_bytes
 
 # Stable colours per tensor kind and per planner, so every plot reads the same way.
 KIND_ORDER = ("weight", "optimizer_state", "gradient", "kv_cache", "activation", "input", "output", "workspace")
@@ -123,8 +126,6 @@ def occupancy_plot(panels: Sequence[tuple[str, Sequence[Residency], int | None]]
         ax.grid(axis="y", alpha=0.3)
     axes[-1].set_xlabel(f"time ({tunit})")
     axes[-1].set_xlim(0, max_t / 1000 / tscale)
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
 
     handles = [Patch(color=KIND_COLORS.get(k, "#bcbd22"), label=KIND_LABELS.get(k, k)) for k in kinds_seen]
     if budget_bytes:
@@ -215,7 +216,6 @@ def bandwidth_plot(sweep: dict, path: str | Path, title: str = "", paper_GBps: f
     ax_o.axhline(0, color="black", linewidth=0.8)
     ax_t.legend(fontsize=9, loc="upper right")
     ax_o.legend(fontsize=9, loc="upper right")
-    from planner.units import format_bytes
 
     fig.suptitle(title or f"{sweep['graph']} at an HBM budget of {format_bytes(sweep['hbm_budget_bytes'])}: "
                  "makespan against link bandwidth", fontsize=10)
@@ -253,7 +253,6 @@ def seqlen_plot(sweep: dict, path: str | Path, title: str = "",
     ax.grid(axis="y", alpha=0.3)
     if refs:
         ax.legend(fontsize=8, loc="upper left")
-    from planner.units import format_bytes
 
     mo = sweep.get("max_overhead")
     limit = "" if mo is None else f", at most {mo:.0%} slower than no offload"
@@ -287,7 +286,6 @@ def gain_plot(training: dict, path: str | Path, title: str = "") -> Path:
     ax.set_ylabel("speed-up over the baseline (%)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=9, loc="best")
-    from planner.units import format_bytes
 
     ax.set_title(title or f"LLaMA-3-8B training in the baseline's HBM ({format_bytes(training['budget_bytes'])}): "
                  "gain against link bandwidth", fontsize=10)

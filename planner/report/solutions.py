@@ -23,10 +23,13 @@ from pathlib import Path
 
 from planner import api
 from planner.errors import InputError
-from planner.formats import load_graph, read_json
+from planner.fileio import read_json, write_atomic
+from planner.formats import load_graph
 from planner.graph import Graph
-from planner.hardware import HBM, Hardware, preset, with_overrides
+from planner.hardware import HBM, PRESETS, Hardware, preset, with_overrides
+from planner.quality import plan_quality
 from planner.report.compare import VALID, available_planners, compare, lower_bounds, run_planner
+from planner.schedule import write_schedule
 
 # Re-planning may be this much slower than the stored plan (time-limited solvers vary from run to run).
 TOLERANCE = 0.02
@@ -79,9 +82,6 @@ def regenerate(root: Path, only: list[str] | None = None, log: Callable[[str], N
     Returns ``{entry: {"planner", "makespan_us", "peak_hbm_bytes", "path"}}``; raises InputError when an entry
     has no valid plan.
     """
-    from planner.quality import plan_quality
-    from planner.schedule import write_schedule
-
     folder = root / "solutions"
     budgets = load_budgets(folder)
     out = {}
@@ -118,9 +118,6 @@ def missing_entries(root: Path) -> list[Path]:
 def add_missing(root: Path, fraction: float = DEFAULT_FRACTION, log: Callable[[str], None] = print) -> list[str]:
     """Add an entry for each graph without one: the first preset whose tiers it fits, at ``fraction`` of its
     no-offload peak (rounded down to a whole MB, never below the largest single-op working set)."""
-    from planner.fileio import write_atomic
-    from planner.hardware import PRESETS
-
     folder = root / "solutions"
     budgets = load_budgets(folder)
     added = []

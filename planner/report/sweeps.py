@@ -19,6 +19,7 @@ points, re-simulated there, and keeps it when it is faster than its own (``seede
 from __future__ import annotations
 
 import importlib
+import json
 import math
 import multiprocessing
 from collections.abc import Callable, Sequence
@@ -26,11 +27,13 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import replace
 
 from planner import api
+from planner.errors import InputError
 from planner.executor import simulate
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware, Tier
 from planner.placement import bytes_by_kind
 from planner.report.compare import VALID, available_planners, lower_bounds, metrics_row, run_planner
+from planner.workloads import generator
 
 Progress = Callable[[int, int, str], None]  # (done, total, label of the point just finished)
 
@@ -193,8 +196,6 @@ def with_bandwidth(hw: Hardware, links: Sequence[str], bandwidth_Bps: float) -> 
     names = set(links)
     missing = names - {ln.name for ln in hw.links}
     if missing:
-        from planner.errors import InputError
-
         raise InputError("command line", "--links", f"hardware {hw.name!r} has no link(s) {sorted(missing)}")
     return replace(hw, links=tuple(replace(ln, bandwidth_Bps=bandwidth_Bps) if ln.name in names else ln
                                    for ln in hw.links))
@@ -268,15 +269,11 @@ def resolve_generator(name: str) -> Callable[..., Graph]:
     """A workload name of ``ho-plan generate`` (``inference``, a preset: ``planner.workloads.generator``) or
     ``module:function``."""
     if ":" not in name:
-        from planner.workloads import generator
-
         return generator(name, "GENERATOR")
     mod, _, fn = name.partition(":")
     try:
         return getattr(importlib.import_module(mod), fn)
     except (ImportError, AttributeError):
-        from planner.errors import InputError
-
         raise InputError("command line", "--generator", f"no workload generator {name!r} ({mod}.{fn})") from None
 
 
@@ -285,8 +282,6 @@ _GENERATED: dict[str, Graph] = {}
 
 def generate(generator: str, generator_args: dict, seq_param: str, seq_len: int) -> Graph:
     """The generator's graph at ``seq_len``; the last few are kept, since every planner probes the same length."""
-    import json
-
     key = json.dumps([generator, generator_args, seq_param, seq_len], sort_keys=True)
     if key not in _GENERATED:
         if len(_GENERATED) >= 4:
@@ -381,8 +376,6 @@ def seqlen_sweep(generator: str, generator_args: dict, hw: Hardware, lo: int, hi
     Bisection assumes that what fits at a length fits at every shorter one. Each round probes the midpoint of
     every planner still searching, in parallel; the probe sequence does not depend on ``jobs``.
     """
-    from planner.errors import InputError
-
     if step <= 0 or lo <= 0 or hi < lo:
         raise InputError("command line", "--range", f"need 0 < lo <= hi and step > 0, got {lo}..{hi} step {step}")
     options = sweep_planner_options(options)

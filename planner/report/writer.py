@@ -18,6 +18,8 @@ from planner.quality import solver_outcome
 from planner.report import plots
 from planner.report.compare import INVALID, VALID, Comparison
 from planner.report.trace import TraceRun, write_trace
+from planner.schedule import write_schedule
+from planner.summary import move_totals_rows, peak_rows, tensor_captions, tensor_move_rows
 from planner.tensors import TensorView, tensor_view
 from planner.units import format_bytes, format_time_us
 
@@ -237,8 +239,6 @@ def tensors_csv(views: dict[str, TensorView]) -> str:
 
 def tensors_markdown(views: dict[str, TensorView], top: int = REPORT_TENSORS_TOP) -> str:
     """The report.md section on which tensors move and why, one subsection per planner that made a plan."""
-    from planner.summary import move_totals_rows, peak_rows, tensor_captions, tensor_move_rows
-
     lines = ["## Which tensors move, and why", "",
              f"Per planner, the {top} moving tensors (a Prefetch, Store or Detach of it in the plan, or it starts the "
              "step off HBM) that free the most HBM bytes × time, each with its longest interval off HBM: the op "
@@ -271,8 +271,6 @@ def tensors_markdown(views: dict[str, TensorView], top: int = REPORT_TENSORS_TOP
 def write_report(out_dir: str | Path, cmp: Comparison, sweeps: list[dict] | None = None, command: str | None = None,
                  trace: bool = True, schedules: bool = True) -> list[Path]:
     """Write the report folder for ``cmp`` (and any sweeps); return the files written, report.md first."""
-    from planner.schedule import write_schedule
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     files: list[Path] = []

@@ -37,7 +37,7 @@ from dataclasses import asdict
 import numpy as np
 
 from planner.errors import InputError
-from planner.graph import Graph
+from planner.graph import DTYPE_BYTES, Graph
 from planner.workloads.deepseek import DEEPSEEK_V3, DeepSeekConfig, is_dense
 from planner.workloads.layers import GraphBuilder, bytes_by_kind, canonical_dtype, check_divides, check_int
 from planner.workloads.llama import LLAMA3_8B, LlamaConfig
@@ -193,8 +193,6 @@ def long_context_inference(model: str = "deepseek-v3", seq_len: int = 65536, dec
 
 
 def _dtype_bytes(dtype: str) -> float:
-    from planner.graph import DTYPE_BYTES
-
     return DTYPE_BYTES[dtype]
 
 

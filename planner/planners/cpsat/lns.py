@@ -20,19 +20,15 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
+from planner.executor import occupancy, simulate
 from planner.plan import Plan
 from planner.planners.cpsat import worker
 from planner.planners.cpsat.data import Assignment, Problem, op_end
 from planner.planners.cpsat.decode import plan_from_assignment
 from planner.planners.cpsat.hint import assignment_from_plan, check, tick_times
 from planner.planners.cpsat.model import Frame, Model
+from planner.planners.cpsat.run import Run
 from planner.timeline import Timeline
-
-
-def timed(graph, hw, plan):
-    from planner.planners.cpsat.solve import timed as _timed
-
-    return _timed(graph, hw, plan)
 
 # Largest tensors whose gap spans a window (not offloaded there yet) that the window may newly offload.
 SPANNING_GAPS = 48
@@ -72,14 +68,16 @@ class Incumbent:
 
 
 def incumbent_from_plan(p: Problem, plan: Plan, tl: Timeline | None = None) -> Incumbent:
-    tl = tl if tl is not None else timed(p.graph, p.hw, plan)
+    tl = tl if tl is not None else simulate(p.graph, p.hw, plan, allocator=False)
     asg, _notes = assignment_from_plan(p, plan, tick_times(p, plan))
     return Incumbent(plan, tl, asg)
 
 
-def improve(run, p: Problem, asg: Assignment, base: Plan, base_tl: Timeline, objective: str, limit_ticks,
-            window_ops: int, log: bool):
-    """Improve the starting plan window by window; return the best (plan, timeline) or None."""
+def improve(run: Run, p: Problem, asg: Assignment, base: Plan, base_tl: Timeline, objective: str, limit_ticks,
+            window_ops: int, log: bool) -> list[tuple[Plan, Timeline]] | None:
+    """Improve the starting plan window by window. Return the best (plan, timeline) candidates found, fastest
+    first (up to 8, for the caller's HBM placement: the fastest may not fit static offsets), or None when nothing
+    beats the starting plan."""
     # The incumbent: the starting plan's assignment decoded, so that its timing in ticks is model-feasible.
     start_plan = plan_from_assignment(p, asg)
     start_tl = run.timed(start_plan)
@@ -114,17 +112,15 @@ def improve(run, p: Problem, asg: Assignment, base: Plan, base_tl: Timeline, obj
     run.stats["lns"] = stats
     run.stats["windows_accepted"] = stats["accepted"]
     run.stats["status"] = "LNS"
-    from planner.planners.cpsat.solve import place_hbm
-
     history.sort(key=lambda c: (c[1].metrics.makespan_ns, sum(c[1].metrics.bytes_moved.values())))
     if base_free is base_tl and not _accept(history[0][1], Incumbent(base, base_tl, inc.asg), objective, limit_ns):
         # Nothing beats the starting plan, whose HBM placement is made (its run is the full one): keep it as is.
         run.notes.append(f"cpsat found nothing better than its starting plan ({base.planner}); it returns that")
         return None
-    return place_hbm(run, p, history[:8])
+    return history[:8]
 
 
-def _search(run, p: Problem, inc: Incumbent, objective: str, limit_ns: int | None, w: int, compute: int,
+def _search(run: Run, p: Problem, inc: Incumbent, objective: str, limit_ns: int | None, w: int, compute: int,
             det_budget: float | None, stats: dict, history: list, log: bool) -> Incumbent:
     """The window loop: returns the last incumbent; appends every accepted plan to ``history`` and records why it
     stopped in ``run.stats["stop"]``."""
@@ -215,8 +211,6 @@ def _accept(tl: Timeline, inc: Incumbent, objective: str, limit_ns: int | None) 
 def peak_window(p: Problem, inc: Incumbent, w: int, tried) -> tuple[int, int] | None:
     """For the peak objective: the untried window of ``w`` ops around the incumbent's HBM peak, then around the
     next highest points of its occupancy."""
-    from planner.executor import occupancy
-
     occ = occupancy(inc.timeline.residencies, "hbm")
     if not occ:
         return None

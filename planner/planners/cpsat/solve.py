@@ -26,33 +26,33 @@ best valid plan found so far is returned, with the note ``INTERRUPTED_NOTE`` and
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
+from planner import bounds
 from planner.cost import op_durations_ns
 from planner.errors import InputError
 from planner.executor import simulate, with_static_offsets
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
-from planner.offsets import offsets_within
+from planner.offsets_cpsat import offsets_within
+from planner.orders import best_no_offload_order, live_bytes
 from planner.placement import with_placement
 from planner.plan import Plan
 from planner.planned import Planned
+from planner.planners import exact
 from planner.planners.cpsat import worker
 from planner.planners.cpsat.data import Assignment, Problem, build_problem, canonical, choose_scale
 from planner.planners.cpsat.decode import plan_from_assignment
 from planner.planners.cpsat.hint import assignment_from_plan, check, offload_cycles, tick_times
 from planner.planners.cpsat.lns import WINDOW_MIN_S, improve
 from planner.planners.cpsat.model import Model, whole_frame
-from planner.planners.greedy import Settings, auto_contexts, planned_with_context, rank_planned
-from planner.planners.ordering import best_no_offload_order, live_bytes
+from planner.planners.cpsat.run import DET_PER_WALL, FINAL_RUNS, RESERVE, Progress, Run
+from planner.planners.greedy import Settings, auto_contexts, plan_greedy, planned_with_context, rank_planned
+from planner.planners.greedy_sweep import grid_points, plan_greedy_sweep
+from planner.planners.none import plan_none
+from planner.planners.reactive import plan_reactive
 from planner.timeline import Timeline
 
-# Seconds of deterministic time CP-SAT gets per second of wall-clock limit in deterministic mode (the default).
-# Measured on the 2-core development machine, transformer block at 1 GB: one deterministic second took 3.3 to 4.2
-# wall seconds idle, so 0.2 uses most of the limit with a margin. With the other core busy it took up to 7, and
-# the wall-clock limit may then end the search first: the plan's notes say so (the run may not repeat).
-DET_PER_WALL = 0.2
 # Wall seconds of one greedy run per op (measured: 0.6 to 0.7 ms per op on the workloads in graphs/).
 SWEEP_S_PER_OP = 7e-4
 # A point of greedy's sweep costs about this share of one full greedy run (the sweep shares its preparation and
@@ -60,117 +60,12 @@ SWEEP_S_PER_OP = 7e-4
 # it fits in this share of the time limit. Reports compare against greedy at its best, so it is worth the time.
 SWEEP_POINT_SHARE = 0.4
 SWEEP_LIMIT_SHARE = 0.45
-# Share of the limit kept for decoding, checking and writing the plan.
-RESERVE = 0.08
-# What follows the search (offsets, their check or the caching allocator's run), in executor runs.
-FINAL_RUNS = 4.0
 # The search on a large graph: the model (about 1.5 executor runs on 29k ops), the first incumbent decoded and
 # run (2), a window decoded and run (1.5), and FINAL_RUNS.
 SEARCH_MIN_RUNS = 5.0 + FINAL_RUNS
-# Seconds of one executor run (without the allocator model) per op, before one was measured: 29k ops took 6.6 to
-# 8 s on the 2-core development machine with the other core busy.
-SIM_S_PER_OP = 2.5e-4
 # An optional phase (greedy's sweep, another starting planner) runs when its estimate is at most this share of the
 # time left.
 AFFORDABLE_SHARE = 0.25
-
-Progress = Callable[[dict], None]
-LogSink = Callable[[str], None]  # receives the search log, one line per call
-# The note of a plan returned because Ctrl-C stopped the search.
-INTERRUPTED_NOTE = "interrupted: best plan found so far"
-
-
-@dataclass
-class Run:
-    """What one cpsat run knows: limits, clock, progress sink, notes and stats."""
-
-    graph: Graph
-    hw: Hardware
-    time_limit: float
-    seed: int
-    workers: int
-    deterministic: bool
-    progress: Progress | None
-    t0: float = field(default_factory=time.monotonic)
-    wall_limit: float | None = None  # seconds for the deadline when less than time_limit is left
-    notes: list[str] = field(default_factory=list)
-    stats: dict = field(default_factory=dict)
-    det_used: float = 0.0
-    sim_s: float = 0.0  # the longest executor run (without the allocator model) so far: estimates the next ones
-    log_sink: LogSink | None = None  # receives CP-SAT's search log, line by line
-    interrupted: bool = False  # Ctrl-C stopped the search: finish with the best plan so far, search no more
-
-    def interrupt(self) -> None:
-        """Record that Ctrl-C stopped the search (the caller then returns its best valid plan so far)."""
-        if not self.interrupted:
-            self.interrupted = True
-            self.notes.append(INTERRUPTED_NOTE)
-            self.stats["stop"] = "interrupted"
-            self.report(phase="interrupted")
-
-    def log(self, line: str) -> None:
-        """A line of our own in the search log (which solve the next CP-SAT lines belong to)."""
-        if self.log_sink is not None:
-            self.log_sink(line)
-
-    def timed(self, plan: Plan) -> Timeline:
-        """The executor's run of ``plan`` without the allocator model, timed for the estimates."""
-        t = time.monotonic()
-        tl = timed(self.graph, self.hw, plan)
-        self.sim_s = max(self.sim_s, time.monotonic() - t)
-        return tl
-
-    @property
-    def limit_s(self) -> float:
-        return self.time_limit if self.wall_limit is None else self.wall_limit
-
-    def estimated_sim_s(self) -> float:
-        """Seconds of one executor run without the allocator model: measured, or estimated from the op count."""
-        return self.sim_s or len(self.graph.ops) * SIM_S_PER_OP
-
-    def final_reserve(self) -> float:
-        """Seconds to keep for what follows the search: static offsets for the best plan and its checks, or the
-        caching allocator's run (each about FINAL_RUNS executor runs on large graphs; nothing on small ones)."""
-        return FINAL_RUNS * self.sim_s
-
-    @property
-    def elapsed(self) -> float:
-        return time.monotonic() - self.t0
-
-    @property
-    def deadline(self) -> float:
-        return self.t0 + self.limit_s * (1 - RESERVE)
-
-    def left(self) -> float:
-        return self.deadline - time.monotonic()
-
-    def report(self, **kw) -> None:
-        if self.progress is not None:
-            kw.setdefault("elapsed_s", round(self.elapsed, 3))
-            kw.setdefault("time_limit_s", self.time_limit)
-            try:
-                self.progress(kw)
-            except Exception:  # noqa: BLE001 - a display must never break planning
-                pass
-
-    def params(self, wall_s: float, det_s: float | None = None, log: bool = False) -> dict:
-        """SatParameters for one solve of at most ``wall_s`` seconds."""
-        p = {"random_seed": int(self.seed), "num_workers": int(self.workers), "max_time_in_seconds": wall_s}
-        if self.deterministic:
-            # One worker that interleaves the portfolio's subsolvers (LNS included) is deterministic and far
-            # stronger than plain tree search on these models.
-            p["num_workers"] = 1
-            p["interleave_search"] = True
-            p["max_deterministic_time"] = det_s if det_s is not None else wall_s * DET_PER_WALL
-            # The wall-clock limit stays as a safety net, well above the deterministic one.
-            p["max_time_in_seconds"] = wall_s
-        if log:
-            # Kept in the stats (``log=True`` from Python); a sink gets it streamed instead (``worker.solve``).
-            p["log_search_progress"] = True
-            p["log_to_stdout"] = False
-            p["log_to_response"] = self.log_sink is None
-        return p
-
 
 def plan_cpsat(
     graph: Graph,
@@ -286,7 +181,7 @@ def _plan(run: Run, log: bool, objective: str, makespan_limit_us: float | None, 
     compute = sum(op_durations_ns(graph, hw).values())
     # Makespan >= the compute (one compute stream): a plan at it is optimal over every plan.
     run.stats["compute_us"] = compute / 1000
-    floor, why = _hbm_floor(graph)
+    floor, why = bounds.hbm_floor(graph)
     try:
         if run.interrupted:
             result = None
@@ -342,8 +237,6 @@ def _prove_small(run: Run, plan: Plan, tl: Timeline) -> tuple[Plan, Timeline]:
     """On graphs small enough for the exact search (``planner/planners/exact.py``: every order), run it in the time
     left: cpsat's own model fixes one order, so only this proves a plan optimal over every plan. Returns the
     faster of ``plan`` and the exact plan; records the proven optimum in ``stats["exact_optimum_us"]``."""
-    from planner.planners import exact
-
     if len(run.graph.ops) > exact.MAX_OPS or run.left() < 0.5:
         return plan, tl
     try:
@@ -367,43 +260,21 @@ def _prove_small(run: Run, plan: Plan, tl: Timeline) -> tuple[Plan, Timeline]:
     return plan, tl
 
 
-def _hbm_floor(graph: Graph) -> tuple[int, str]:
-    from planner import bounds
-
-    if hasattr(bounds, "hbm_floor"):
-        return bounds.hbm_floor(graph)
-    b, op = bounds.largest_working_set(graph)
-    return b, f"the largest single-op working set (op {op!r})"
-
-
 def _bounds(run: Run, tl: Timeline, objective: str) -> None:
     """Gaps against lower bounds that hold ("vs bound"), and against the model's own bound when it was whole."""
-    from planner import bounds
-
     st = run.stats
     if objective == "peak":
         b = bounds.hbm_bound(run.graph)
         st.update(bound_bytes=b.value, bound_reason=b.reason,
                   gap_vs_bound=bounds.gap(tl.metrics.peak_bytes[HBM], b.value))
         return
-    try:
-        b = bounds.makespan_bound(run.graph, run.hw)
-    except Exception:  # noqa: BLE001 - a bound that fails falls back to the compute bound
-        b = bounds.compute_bound(run.graph, run.hw)
+    b = bounds.makespan_bound(run.graph, run.hw)
     ms = tl.metrics.makespan_ns
     st.update(bound_us=b.value / 1000, bound_reason=b.reason, gap_vs_bound=bounds.gap(ms, b.value))
     if st.get("model") == "whole" and st.get("model_bound_us"):
         # CP-SAT's bound is on the scaled model (durations rounded up to ticks, sizes up to units, the candidate
         # gaps only): a bound for that model, not for every plan.
         st["gap_vs_model_bound"] = bounds.gap(ms / 1000, st["model_bound_us"])
-
-
-def timed(graph: Graph, hw: Hardware, plan: Plan) -> Timeline:
-    """The executor's timeline without the allocator model (HBM placement is decided after the search)."""
-    try:
-        return simulate(graph, hw, plan, allocator=False)
-    except TypeError:  # an executor without an allocator model
-        return simulate(graph, hw, plan)
 
 
 def _better(tl: Timeline, ref: Timeline, objective: str) -> bool:
@@ -417,6 +288,11 @@ def _better(tl: Timeline, ref: Timeline, objective: str) -> bool:
     return (a.makespan_ns, sum(a.bytes_moved.values())) < (b.makespan_ns, sum(b.bytes_moved.values()))
 
 
+# The planners cpsat may start from (``-O start=NAME``); ``auto`` tries greedy, then reactive and no offload.
+STARTING_PLANNERS = {"greedy": plan_greedy, "greedy-sweep": plan_greedy_sweep, "reactive": plan_reactive,
+                     "none": plan_none}
+
+
 def starting_plan(run: Run, start: str = "auto") -> tuple[Plan, Timeline]:
     """The best valid plan among greedy (swept when affordable), reactive and no offload, within the clock.
 
@@ -425,15 +301,13 @@ def starting_plan(run: Run, start: str = "auto") -> tuple[Plan, Timeline]:
     their estimated cost fits in the time left (``_affordable``); no offload is skipped when its memory count
     is over the budget (it cannot be valid).
     """
-    from planner.planners import PLANNERS
-
     g, hw = run.graph, run.hw
     cands: list[tuple[Plan, Timeline]] = []
     names = ["greedy", "reactive", "none"] if start == "auto" else [start]
     greedy_s = None
     greedy_order = "auto"
     for name in names:
-        fn = PLANNERS.get(name)
+        fn = STARTING_PLANNERS.get(name)
         if fn is None:
             continue
         t = time.monotonic()
@@ -468,7 +342,7 @@ def starting_plan(run: Run, start: str = "auto") -> tuple[Plan, Timeline]:
         except Exception as exc:  # noqa: BLE001
             run.notes.append(f"starting planner {name} failed: {exc}")
             continue
-        if name == "greedy" and "greedy-sweep" in PLANNERS:
+        if name == "greedy":
             greedy_s = time.monotonic() - t
             npoints = _sweep_points()
             # Deterministic runs estimate the sweep from the op count, others from the time one greedy run took.
@@ -477,7 +351,7 @@ def starting_plan(run: Run, start: str = "auto") -> tuple[Plan, Timeline]:
             if cost <= SWEEP_LIMIT_SHARE * run.time_limit and _affordable(run, cost):
                 try:
                     # On the order greedy's defaults did best with: sweeping every order would cost as many sweeps.
-                    plan = PLANNERS["greedy-sweep"](g, hw, order=greedy_order)
+                    plan = plan_greedy_sweep(g, hw, order=greedy_order)
                     cands.append((plan, simulate(g, hw, plan)))
                 except KeyboardInterrupt:
                     if not any(tl.valid for _p, tl in cands):
@@ -515,12 +389,7 @@ def _affordable(run: Run, seconds: float) -> bool:
 
 
 def _sweep_points() -> int:
-    try:
-        from planner.planners.greedy_sweep import grid_points
-
-        return len(grid_points())
-    except Exception:  # noqa: BLE001
-        return 50
+    return len(grid_points())
 
 
 def prepare(run: Run, base: Plan, base_tl: Timeline, target_ticks: int = 4_000_000) -> tuple[Problem, Assignment]:
@@ -574,7 +443,8 @@ def _optimise(run: Run, base: Plan, base_tl: Timeline, objective: str, makespan_
             else int(ms // p.scale.tick_ns)
     if len(p.ops) <= whole_max_ops:
         return _whole(run, p, asg, objective, limit_ticks, log)
-    return improve(run, p, asg, base, base_tl, objective, limit_ticks, window_ops, log)
+    cands = improve(run, p, asg, base, base_tl, objective, limit_ticks, window_ops, log)
+    return None if cands is None else place_hbm(run, p, cands)
 
 
 def op_windows(p: Problem, horizon: int) -> tuple[dict[int, int], dict[int, int]]:

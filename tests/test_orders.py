@@ -7,9 +7,9 @@ from planner import api
 from planner.executor import simulate
 from planner.formats import load_graph
 from planner.graph import Graph, Op, Tensor, TensorKind
+from planner.orders import lowest_peak_order, named_order, store_backs_first
 from planner.planners.greedy import plan_greedy
 from planner.planners.none import no_offload_program, plan_none
-from planner.planners.ordering import lowest_peak_order, named_order, store_backs_first
 
 
 def training_graph(layers: int = 3) -> Graph:

@@ -1,0 +1,124 @@
+"""One cpsat run's state: its limits and clock, progress sink, search log, notes and stats, shared by the
+phases of ``solve.py`` and ``lns.py``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from planner.executor import simulate
+from planner.graph import Graph
+from planner.hardware import Hardware
+from planner.plan import Plan
+from planner.timeline import Timeline
+
+# Seconds of deterministic time CP-SAT gets per second of wall-clock limit in deterministic mode (the default).
+# Measured on the 2-core development machine, transformer block at 1 GB: one deterministic second took 3.3 to 4.2
+# wall seconds idle, so 0.2 uses most of the limit with a margin. With the other core busy it took up to 7, and
+# the wall-clock limit may then end the search first: the plan's notes say so (the run may not repeat).
+DET_PER_WALL = 0.2
+# Share of the limit kept for decoding, checking and writing the plan.
+RESERVE = 0.08
+# What follows the search (offsets, their check or the caching allocator's run), in executor runs.
+FINAL_RUNS = 4.0
+# Seconds of one executor run (without the allocator model) per op, before one was measured: 29k ops took 6.6 to
+# 8 s on the 2-core development machine with the other core busy.
+SIM_S_PER_OP = 2.5e-4
+Progress = Callable[[dict], None]
+LogSink = Callable[[str], None]  # receives the search log, one line per call
+# The note of a plan returned because Ctrl-C stopped the search.
+INTERRUPTED_NOTE = "interrupted: best plan found so far"
+
+
+
+@dataclass
+class Run:
+    """What one cpsat run knows: limits, clock, progress sink, notes and stats."""
+
+    graph: Graph
+    hw: Hardware
+    time_limit: float
+    seed: int
+    workers: int
+    deterministic: bool
+    progress: Progress | None
+    t0: float = field(default_factory=time.monotonic)
+    wall_limit: float | None = None  # seconds for the deadline when less than time_limit is left
+    notes: list[str] = field(default_factory=list)
+    stats: dict = field(default_factory=dict)
+    det_used: float = 0.0
+    sim_s: float = 0.0  # the longest executor run (without the allocator model) so far: estimates the next ones
+    log_sink: LogSink | None = None  # receives CP-SAT's search log, line by line
+    interrupted: bool = False  # Ctrl-C stopped the search: finish with the best plan so far, search no more
+
+    def interrupt(self) -> None:
+        """Record that Ctrl-C stopped the search (the caller then returns its best valid plan so far)."""
+        if not self.interrupted:
+            self.interrupted = True
+            self.notes.append(INTERRUPTED_NOTE)
+            self.stats["stop"] = "interrupted"
+            self.report(phase="interrupted")
+
+    def log(self, line: str) -> None:
+        """A line of our own in the search log (which solve the next CP-SAT lines belong to)."""
+        if self.log_sink is not None:
+            self.log_sink(line)
+
+    def timed(self, plan: Plan) -> Timeline:
+        """The executor's run of ``plan`` without the allocator model, timed for the estimates."""
+        t = time.monotonic()
+        tl = simulate(self.graph, self.hw, plan, allocator=False)
+        self.sim_s = max(self.sim_s, time.monotonic() - t)
+        return tl
+
+    @property
+    def limit_s(self) -> float:
+        return self.time_limit if self.wall_limit is None else self.wall_limit
+
+    def estimated_sim_s(self) -> float:
+        """Seconds of one executor run without the allocator model: measured, or estimated from the op count."""
+        return self.sim_s or len(self.graph.ops) * SIM_S_PER_OP
+
+    def final_reserve(self) -> float:
+        """Seconds to keep for what follows the search: static offsets for the best plan and its checks, or the
+        caching allocator's run (each about FINAL_RUNS executor runs on large graphs; nothing on small ones)."""
+        return FINAL_RUNS * self.sim_s
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    @property
+    def deadline(self) -> float:
+        return self.t0 + self.limit_s * (1 - RESERVE)
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def report(self, **kw) -> None:
+        if self.progress is not None:
+            kw.setdefault("elapsed_s", round(self.elapsed, 3))
+            kw.setdefault("time_limit_s", self.time_limit)
+            try:
+                self.progress(kw)
+            except Exception:  # noqa: BLE001 - a display must never break planning
+                pass
+
+    def params(self, wall_s: float, det_s: float | None = None, log: bool = False) -> dict:
+        """SatParameters for one solve of at most ``wall_s`` seconds."""
+        p = {"random_seed": int(self.seed), "num_workers": int(self.workers), "max_time_in_seconds": wall_s}
+        if self.deterministic:
+            # One worker that interleaves the portfolio's subsolvers (LNS included) is deterministic and far
+            # stronger than plain tree search on these models.
+            p["num_workers"] = 1
+            p["interleave_search"] = True
+            p["max_deterministic_time"] = det_s if det_s is not None else wall_s * DET_PER_WALL
+            # The wall-clock limit stays as a safety net, well above the deterministic one.
+            p["max_time_in_seconds"] = wall_s
+        if log:
+            # Kept in the stats (``log=True`` from Python); a sink gets it streamed instead (``worker.solve``).
+            p["log_search_progress"] = True
+            p["log_to_stdout"] = False
+            p["log_to_response"] = self.log_sink is None
+        return p
