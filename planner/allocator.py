@@ -35,6 +35,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from planner.hardware import HBM
 from planner.timeline import Residency, Violation
 
 ALLOC, FREE = 1, -1
@@ -246,7 +247,7 @@ def live_end(r: Residency) -> int:
     return r.end_ns if r.end_ns > r.start_ns or not r.until_end else r.start_ns + 1
 
 
-def residency_instances(residencies: Iterable[Residency], tier: str = "hbm") -> list[tuple[Residency, int]]:
+def residency_instances(residencies: Iterable[Residency], tier: str = HBM) -> list[tuple[Residency, int]]:
     """Return the ``tier`` residencies with their instance number: the k-th residency of a name, by start."""
     count: dict[str, int] = {}
     out = []
@@ -268,7 +269,7 @@ def offset_of(offsets: Mapping[str, int | Sequence[int]], name: str, instance: i
 
 
 def check_offsets(
-    residencies: Iterable[Residency], offsets: Mapping[str, int | Sequence[int]], capacity: int, tier: str = "hbm"
+    residencies: Iterable[Residency], offsets: Mapping[str, int | Sequence[int]], capacity: int, tier: str = HBM
 ) -> tuple[list[Violation], int]:
     """Check static offsets against the executed residencies; return (violations, offset height).
 

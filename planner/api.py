@@ -26,7 +26,9 @@ from planner.graph import Graph
 from planner.hardware import HBM, Hardware, Tier, preset, with_overrides
 from planner.orders import ORDERS
 from planner.plan import Plan
-from planner.planners import get_planner, get_timed_planner
+from planner.planners import get_planner, get_spec, get_timed_planner
+from planner.planners.cpsat.solve import STARTING_PLANNERS
+from planner.planners.greedy import GREEDY_SETTINGS
 from planner.planners.none import program_none
 from planner.timeline import Timeline
 
@@ -86,14 +88,9 @@ INTERNAL_OPTIONS = frozenset({"progress", "wall_budget"})
 CHOICES: dict[str, tuple[str, ...]] = {
     "order": ORDERS,
     "objective": ("makespan", "peak"),
-    "start": ("auto", "greedy", "greedy-sweep", "reactive", "none"),
+    "start": ("auto", *STARTING_PLANNERS),
 }
 
-# Options a planner records in its plan beyond those it takes: greedy-sweep records the greedy settings it chose.
-RECORDED: dict[str, dict[str, type]] = {
-    "greedy-sweep": {"select_distance": int, "select_num": int, "prefetch_distance": int, "release_distance": int,
-                     "sweep": bool},
-}
 
 # Lower limits of numeric options, (limit, whether the limit itself is allowed): a negative distance or a zero time
 # limit parses but means nothing.
@@ -103,7 +100,6 @@ MINIMUM: dict[str, tuple[float, bool]] = {
     "time_limit": (0, False), "makespan_limit_us": (0, False), "whole_max_ops": (1, True), "window_ops": (1, True),
     "finalists": (1, True), "max_orders": (1, True),
 }
-GREEDY_SETTINGS = ("select_distance", "select_num", "prefetch_distance", "release_distance")
 
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 _KINDS: dict[str, type] = {"int": int, "float": float, "bool": bool, "str": str, "dict": dict}
@@ -212,7 +208,7 @@ def check_options(fn, name: str, options: dict, source: str = "command line", it
     Raises InputError naming an option the planner does not take or a value not of its type. ``fn`` is the
     planner function (kept for callers of the old signature; the types come from ``name``'s). ``recorded``: the
     options a plan recorded (a schedule file's), which may hold what the planner records beyond its parameters
-    (``RECORDED``) and never the CLI's plumbing (``INTERNAL_OPTIONS``).
+    (``PlannerSpec.recorded``) and never the CLI's plumbing (``INTERNAL_OPTIONS``).
     """
     params = inspect.signature(fn).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
@@ -220,7 +216,7 @@ def check_options(fn, name: str, options: dict, source: str = "command line", it
     declared = option_types(name)
     if recorded:
         declared = {k: v for k, v in declared.items() if k not in INTERNAL_OPTIONS}
-        declared.update({k: OptionType(t) for k, t in RECORDED.get(name, {}).items()})
+        declared.update({k: OptionType(t) for k, t in get_spec(name).recorded.items()})
     out = {}
     for key, value in options.items():
         where = f"{item}{key}" if item.endswith(".") else f"{item} {key}"  # "-O cpsat." + key, "-O" + " " + key

@@ -56,7 +56,7 @@ def initial_hbm_bytes(graph: Graph) -> int:
     used = {t for op in graph.ops for t in op.reads}
     return sum(
         t.bytes for name, t in graph.tensors.items()
-        if name not in graph.producer and t.home == "hbm" and (t.persistent or name in used)
+        if name not in graph.producer and t.home == HBM and (t.persistent or name in used)
     )
 
 
@@ -79,8 +79,8 @@ BOUND_SAMPLE = 2000
 
 def _rates(hw: Hardware) -> tuple[float, float]:
     """Aggregate store (HBM -> remote) and fetch (remote -> HBM) bandwidth, bytes/s, over every channel."""
-    store = sum(ln.bandwidth_Bps * ln.channels for ln in hw.links if ln.src == "hbm")
-    fetch = sum(ln.bandwidth_Bps * ln.channels for ln in hw.links if ln.dst == "hbm")
+    store = sum(ln.bandwidth_Bps * ln.channels for ln in hw.links if ln.src == HBM)
+    fetch = sum(ln.bandwidth_Bps * ln.channels for ln in hw.links if ln.dst == HBM)
     return store, fetch
 
 

@@ -8,7 +8,7 @@ stream and one stream per link channel, with integer nanosecond times:
 2. residency: the steps' starts and ends are replayed in time order to track every tensor's HBM copy, its
    remote copies and their versions, and to list each violation with its step, op, tensor and time.
 
-Semantics (also in README.md): an op's outputs and workspace are allocated at its start; its inputs and
+Semantics (also in docs/executor.md): an op's outputs and workspace are allocated at its start; its inputs and
 in-place updates must be resident and usable on HBM for its whole duration; a Prefetch allocates its HBM copy at
 its start and the copy is usable at its end; a Store needs the tensor resident for the whole transfer and leaves a
 valid remote copy at its end, valid until the next in-place write; a Detach frees the HBM copy at once; a
@@ -97,7 +97,7 @@ def _simulate(graph: Graph, hw: Hardware, plan: Plan, durations_ns: dict[str, in
         report = replay_caching(replayed.hbm_log, hw.hbm_bytes, hw.hbm_bandwidth_Bps)
         if report.defrags:
             # One re-run of the timing with the compaction delays; the allocator's counts are those of the replay
-            # before the delays (the delays are assumed not to reorder allocations). See README.md.
+            # before the delays (the delays are assumed not to reorder allocations). See docs/planners.md.
             delays = _defrag_delays(report, prog, times.starts)
             times = _time_steps(prog, delays)
             replayed = _replay(prog, times, start, log_hbm=False)

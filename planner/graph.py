@@ -14,6 +14,7 @@ from functools import cached_property
 import networkx as nx
 
 from planner.errors import InputError
+from planner.hardware import HBM
 
 # Bytes per element, by the dtype names ONNX uses (TensorProto) and their short aliases.
 DTYPE_BYTES: dict[str, float] = {
@@ -58,7 +59,7 @@ class Tensor:
     kind: TensorKind = TensorKind.ACTIVATION
     shape: tuple[int, ...] | None = None
     dtype: str | None = None
-    home: str = "hbm"
+    home: str = HBM
 
     @property
     def persistent(self) -> bool:

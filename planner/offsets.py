@@ -23,6 +23,7 @@ from itertools import chain
 import numpy as np
 
 from planner.allocator import live_end, offset_of, residency_instances
+from planner.hardware import HBM
 from planner.timeline import Residency
 
 # A union of address intervals, kept merged: sorted disjoint [starts[k], ends[k]) (touching ones merge).
@@ -183,7 +184,7 @@ ORDERS = {
 
 
 def assign_offsets(
-    residencies: Iterable[Residency], tier: str = "hbm", order: str = "best"
+    residencies: Iterable[Residency], tier: str = HBM, order: str = "best"
 ) -> dict[str, int | list[int]]:
     """Return an offset for every ``tier`` allocation of the timeline, by best fit in the given order.
 
@@ -238,7 +239,7 @@ def offsets_by_name(by_instance: dict[tuple[str, int], int]) -> dict[str, int | 
     return {name: (v[0] if len(v) == 1 else v) for name, v in out.items()}
 
 
-def offsets_height(residencies: Iterable[Residency], offsets: dict, tier: str = "hbm") -> int:
+def offsets_height(residencies: Iterable[Residency], offsets: dict, tier: str = HBM) -> int:
     """The highest address end the offsets reach on ``tier``."""
     h = 0
     for r, k in residency_instances(residencies, tier):

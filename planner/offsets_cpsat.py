@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from ortools.sat.python import cp_model
 
 from planner.allocator import live_end, residency_instances
+from planner.hardware import HBM
 from planner.offsets import assign_offsets, offsets_by_name, offsets_height
 from planner.timeline import Residency
 
@@ -36,7 +37,7 @@ EFFORT = 0.3  # CP-SAT deterministic time: a few seconds at most on these models
 
 
 def fit_offsets(
-    residencies: Iterable[Residency], capacity: int, tier: str = "hbm",
+    residencies: Iterable[Residency], capacity: int, tier: str = HBM,
     effort: float = EFFORT, time_limit_s: float = 10.0,
 ) -> dict[str, int | list[int]] | None:
     """Return offsets (in ``assign_offsets``'s form) with every ``tier`` allocation inside ``[0, capacity)`` and no
@@ -92,7 +93,7 @@ __all__ = ["EXACT_MAX_BLOCKS", "fit_offsets", "offsets_within"]
 
 
 def offsets_within(
-    residencies: Iterable[Residency], capacity: int, tier: str = "hbm", time_limit_s: float = 10.0
+    residencies: Iterable[Residency], capacity: int, tier: str = HBM, time_limit_s: float = 10.0
 ) -> tuple[dict[str, int | list[int]], int]:
     """Return (offsets, their height): best fit's, or, when those end above ``capacity``, CP-SAT's exact
     assignment within it if it finds one (``planner/offsets_cpsat.py``: timelines of up to a few hundred

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import networkx as nx
 
 from planner.graph import Graph
+from planner.hardware import HBM
 
 # How many ready ops (the lowest-indexed) the memory-aware order weighs at each step; bounds the cost on wide graphs.
 READY_WINDOW = 32
@@ -167,7 +168,7 @@ def store_release_order(graph: Graph, order: Sequence[str]) -> list[str]:
 
 def _stored_back(graph: Graph, name: str) -> bool:
     t = graph.tensors[name]
-    return name not in graph.producer and t.persistent and t.pinned and t.home != "hbm"
+    return name not in graph.producer and t.persistent and t.pinned and t.home != HBM
 
 
 def live_bytes(graph: Graph, order: Sequence[str], remote_resident: bool = True) -> list[int]:
@@ -185,7 +186,7 @@ def live_bytes(graph: Graph, order: Sequence[str], remote_resident: bool = True)
             last[t] = max(last.get(t, -1), pos[name])
     cur = 0
     for name, t in graph.tensors.items():
-        if name not in graph.producer and (t.home == "hbm" or remote_resident) and (t.persistent or name in last):
+        if name not in graph.producer and (t.home == HBM or remote_resident) and (t.persistent or name in last):
             cur += t.bytes
     frees_at: dict[int, int] = {}
     for name, i in last.items():

@@ -3,7 +3,7 @@
 Decimal prefixes are powers of 1000 (GB), binary prefixes powers of 1024 (GiB), as in SI/IEC.
 
 Text must carry its unit: ``--latency d2h=5`` once meant 5 seconds, silently, where 5 us was meant. The one
-exception is a size, where a bare number is bytes (``--hbm 6.4e10``, as the README says), and a bare 0, which is
+exception is a size, where a bare number is bytes (``--hbm 6.4e10``, as docs/usage.md says), and a bare 0, which is
 the same in every unit. Python numbers (not text) are in the base unit: bytes, bytes per second, seconds.
 """
 

@@ -2,6 +2,7 @@
 
 import csv
 import json
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
@@ -9,7 +10,7 @@ from conftest import GRAPHS, chain_graph, simple_hardware
 
 from planner.cli import main
 from planner.formats import save_graph
-from planner.planners import PLANNERS
+from planner.planners import REGISTRY
 from planner.report import compare, write_report
 from planner.report.compare import ERROR, INFEASIBLE, INVALID, VALID, available_planners
 from planner.report.trace import check_trace
@@ -57,7 +58,7 @@ def test_a_planner_that_crashes_is_an_error_row(monkeypatch):
     def boom(graph, hw, **kw):
         raise RuntimeError("solver fell over")
 
-    monkeypatch.setitem(PLANNERS, "cpsat", boom)
+    monkeypatch.setitem(REGISTRY, "cpsat", replace(REGISTRY["cpsat"], plan=boom))
     g, hw = small()
     cmp = compare(g, hw, ["reactive", "cpsat"])
     row = cmp.runs["cpsat"].row

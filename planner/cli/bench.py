@@ -19,7 +19,7 @@ from planner import bench
 from planner.cli.main import main, run_guarded
 from planner.errors import InputError
 from planner.fileio import write_atomic
-from planner.planners import PLANNERS
+from planner.planners import get_spec
 from planner.units import format_bytes
 
 BENCH_EXAMPLES = """
@@ -71,8 +71,7 @@ def bench_cmd(suites, quick, only, budgets, planners, time_limit, seed, workers,
         names = tuple(x.strip() for x in planners.split(",") if x.strip())
 
         for n in names:
-            if n not in PLANNERS:
-                raise InputError("command line", "--planners", f"unknown planner {n!r}")
+            get_spec(n, "--planners")
         cases = bench.suite([s.strip() for s in suites.split(",")], quick=quick, only=only)
         if not cases:
             raise InputError("command line", "--only", "no benchmark case matches")

@@ -15,6 +15,7 @@ from rich.table import Table
 from planner import api
 from planner.cli.generate import OneLineCommand
 from planner.cli.main import build_hardware, graph_options, hardware_options, load_options, main, run_guarded
+from planner.hardware import HBM
 from planner.inspect import SIMULATE_MAX_OPS, GraphInspection, inspect_graph
 from planner.placement import apply_homes, parse_homes
 from planner.units import format_bytes, format_time_us
@@ -83,7 +84,7 @@ def inspection_tables(info: GraphInspection, at_budget: bool) -> list[Table]:
     else:
         figures.add_row("device HBM", f"{format_bytes(info.hbm_bytes)} (--hbm BUDGET adds the makespan bound there)")
 
-    tiers = sorted({tier for per in info.start_bytes.values() for tier in per}, key=lambda t: (t != "hbm", t))
+    tiers = sorted({tier for per in info.start_bytes.values() for tier in per}, key=lambda t: (t != HBM, t))
     kinds = Table(title="tensor bytes by kind and where they start the step", title_justify="left")
     kinds.add_column("kind", style="bold")
     kinds.add_column("total", justify="right")

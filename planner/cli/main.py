@@ -23,8 +23,9 @@ from planner import api
 from planner.cli.progress import live_progress, log_on_stderr
 from planner.errors import InfeasibleBudget, InputError, InputErrors
 from planner.fileio import read_json
+from planner.hardware import HBM
 from planner.placement import apply_homes, parse_homes
-from planner.planners import get_planner
+from planner.planners import REGISTRY, get_planner
 from planner.quality import plan_quality
 from planner.report.trace import TraceRun, write_trace
 from planner.schedule import validate_schedule, write_schedule
@@ -228,7 +229,7 @@ def load_options(kw: dict) -> dict:
 @hardware_options
 @graph_options
 @click.option("--planner", "planner_name", default="cpsat", show_default=True,
-              help="Planner: cpsat (CP-SAT, the default; see --time-limit), greedy, greedy-sweep, reactive, none.")
+              help="Planner. " + "; ".join(f"{name}: {spec.summary}" for name, spec in REGISTRY.items()) + ".")
 @click.option("--greedy-sweep", "greedy_sweep", is_flag=True,
               help="Plan with greedy over a grid of its four settings and keep the best valid plan "
                    "(same as --planner greedy-sweep).")
@@ -392,6 +393,6 @@ def validate_cmd(schedule_path, graph_path, **kw):
             sys.exit(1)
         m = report.timeline.metrics
         click.echo(f"{schedule_path}: valid; makespan {format_time_us(m.makespan_ns / 1000)}, "
-                   f"peak HBM {format_bytes_exact(m.peak_bytes['hbm'])}, matches the recorded timeline")
+                   f"peak HBM {format_bytes_exact(m.peak_bytes[HBM])}, matches the recorded timeline")
 
     run_guarded(go)

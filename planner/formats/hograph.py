@@ -13,6 +13,7 @@ import jsonschema
 
 from planner.errors import InputError
 from planner.graph import DTYPE_BYTES, Graph, Op, Tensor, TensorKind, tensor_bytes
+from planner.hardware import HBM
 
 FORMAT = "ho-graph/1"
 
@@ -94,7 +95,7 @@ def graph_from_dict(doc: Any, source: str) -> Graph:
             nbytes = tensor_bytes(shape, dtype)
         tensors.append(
             Tensor(name=t["name"], bytes=nbytes, kind=TensorKind(t.get("kind", "activation")), shape=shape,
-                   dtype=dtype, home=t.get("home", "hbm"))
+                   dtype=dtype, home=t.get("home", HBM))
         )
     ops = []
     for n in doc["nodes"]:
@@ -122,7 +123,7 @@ def graph_to_dict(graph: Graph) -> dict:
             if t.dtype is not None:
                 d["dtype"] = t.dtype
         d["kind"] = t.kind.value
-        if t.home != "hbm":
+        if t.home != HBM:
             d["home"] = t.home
         tensors.append(d)
     nodes = []

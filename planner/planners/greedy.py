@@ -45,6 +45,7 @@ from planner.timeline import Timeline
 from planner.units import format_bytes_exact, format_time_us
 
 DEFAULTS = {"select_distance": 8, "select_num": 32, "prefetch_distance": 2, "release_distance": 1}
+GREEDY_SETTINGS = tuple(DEFAULTS)  # the four settings, in the paper's order
 OFFSET_RETRIES = 3  # replans against a lower budget when static offsets do not fit
 
 

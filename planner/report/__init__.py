@@ -8,7 +8,8 @@ Modules: ``compare`` (rows), ``sweeps`` (budget, bandwidth, sequence length), ``
 ``trace`` (Chrome / Perfetto JSON), ``writer`` (the folder), ``paper`` (the paper's evaluation on our model).
 """
 
-from planner.report.compare import REPORT_PLANNERS, Comparison, available_planners, compare
+from planner.planners import REPORT_PLANNERS
+from planner.report.compare import Comparison, available_planners, compare
 from planner.report.sweeps import bandwidth_sweep, budget_sweep, seqlen_sweep
 from planner.report.trace import TraceRun, check_trace, chrome_trace, write_trace
 from planner.report.writer import write_report, write_sweep

@@ -28,12 +28,8 @@ from planner.graph import Graph
 from planner.hardware import HBM, Hardware
 from planner.placement import bytes_by_kind
 from planner.plan import Plan
-from planner.planners import PLANNERS
-from planner.planners.greedy_sweep import plan_greedy_sweep
+from planner.planners import REGISTRY, REPORT_PLANNERS
 from planner.timeline import Timeline
-
-# The planners a report compares, in this order, whichever are registered.
-REPORT_PLANNERS = ("none", "reactive", "greedy", "cpsat")
 
 # Row statuses.
 VALID, INVALID, INFEASIBLE, ERROR = "valid", "invalid", "infeasible", "error"
@@ -73,9 +69,9 @@ class Comparison:
 
 
 def available_planners(wanted: Iterable[str] | None = None) -> list[str]:
-    """The report planners that are registered (in report order), or the registered subset of ``wanted``."""
+    """The report planners (``REPORT_PLANNERS``, in registry order), or the registered subset of ``wanted``."""
     names = REPORT_PLANNERS if wanted is None else tuple(wanted)
-    return [n for n in names if n in PLANNERS]
+    return [n for n in names if n in REGISTRY]
 
 
 def graph_info(graph: Graph) -> dict:
@@ -105,8 +101,8 @@ def lower_bounds(graph: Graph, hw: Hardware) -> dict:
 
 
 def planner_fn(name: str) -> Callable[..., Plan]:
-    """The function a report calls for ``name``: greedy at its best sweep setting, the others as registered."""
-    return plan_greedy_sweep if name == "greedy" else PLANNERS[name]
+    """The function a report calls for ``name`` (``PlannerSpec.for_report``: greedy at its best sweep setting)."""
+    return REGISTRY[name].for_report()
 
 
 def run_planner(

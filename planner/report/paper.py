@@ -100,7 +100,7 @@ class PaperConfig:
 
     def training_args(self, recompute: bool) -> dict:
         return {"seq_len": self.train_seq, "micro_batch": 2, "dp": 8, "layers": self.train_layers,
-                "recompute": recompute, "state_home": "hbm"}
+                "recompute": recompute, "state_home": HBM}
 
 
 # -- what a plan says about the paper's metrics ------------------------------------------------------------------

@@ -20,6 +20,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from planner.hardware import HBM
+from planner.planners import REGISTRY
 from planner.timeline import Residency
 from planner.units import format_bytes
 
@@ -30,15 +31,17 @@ KIND_COLORS = {
     "activation": "#55a868", "input": "#937860", "output": "#da8bc3", "workspace": "#8c8c8c",
 }
 KIND_LABELS = {"optimizer_state": "optimizer state", "kv_cache": "KV cache"}
-PLANNER_COLORS = {"none": "#7f7f7f", "reactive": "#d62728", "greedy": "#1f77b4", "cpsat": "#2ca02c"}
-PLANNER_MARKERS = {"none": "s", "reactive": "v", "greedy": "o", "cpsat": "D"}
 DPI = 110
 
 
 def _planner_style(name: str, i: int) -> dict:
+    """The planner's colour and marker in every plot (``PlannerSpec``); a name not registered (a row's label)
+    gets one of a few others by position."""
+    spec = REGISTRY.get(name)
+    if spec is not None:
+        return {"color": spec.color, "marker": spec.marker}
     fallback = ("#9467bd", "#8c564b", "#e377c2", "#17becf")
-    return {"color": PLANNER_COLORS.get(name, fallback[i % len(fallback)]),
-            "marker": PLANNER_MARKERS.get(name, "o")}
+    return {"color": fallback[i % len(fallback)], "marker": "o"}
 
 
 def byte_unit(max_bytes: float) -> tuple[float, str]:

@@ -27,15 +27,16 @@ from planner.fileio import read_json, write_atomic
 from planner.formats import load_graph
 from planner.graph import Graph
 from planner.hardware import HBM, PRESETS, Hardware, preset, with_overrides
+from planner.planners import REGISTRY
 from planner.quality import plan_quality
 from planner.report.compare import VALID, available_planners, compare, lower_bounds, run_planner
 from planner.schedule import write_schedule
 
 # Re-planning may be this much slower than the stored plan (time-limited solvers vary from run to run).
 TOLERANCE = 0.02
-# Planner options unless an entry says otherwise: cpsat single-worker (deterministic) with a short time limit, so
-# that regenerating and the test's re-planning stay within minutes.
-DEFAULT_OPTIONS = {"cpsat": {"time_limit": 10.0, "workers": 1}}
+# Planner options unless an entry says otherwise (``PlannerSpec.solution_options``: cpsat single-worker, so
+# deterministic, with a short time limit, so that regenerating and the test's re-planning stay within minutes).
+DEFAULT_OPTIONS = {name: spec.solution_options for name, spec in REGISTRY.items() if spec.solution_options}
 # A graph in graphs/ with no entry gets this share of its no-offload peak when --add-missing writes one.
 DEFAULT_FRACTION = 0.8
 
@@ -158,7 +159,7 @@ def replan(root: Path, key: str, doc: dict):
 
 def _family(name: str) -> str:
     """The report planner a plan's name belongs to (``greedy-sweep`` was run as ``greedy``)."""
-    return "greedy" if name.startswith("greedy") else name
+    return REGISTRY[name].reported_as if name in REGISTRY else name
 
 
 __all__ = ["TOLERANCE", "DEFAULT_FRACTION", "load_budgets", "entry_hardware", "best_run", "regenerate",

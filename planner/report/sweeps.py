@@ -32,6 +32,7 @@ from planner.executor import simulate
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware, Tier
 from planner.placement import bytes_by_kind
+from planner.planners import REGISTRY
 from planner.report.compare import VALID, available_planners, lower_bounds, metrics_row, run_planner
 from planner.workloads import generator
 
@@ -174,9 +175,9 @@ def seed_looser(graph: Graph, rows: list[dict], order: Callable[[dict], float],
     return rows
 
 
-# Sweep points run in parallel processes; CP-SAT runs single-worker there, which also makes it deterministic
-# (a fixed seed and a deterministic time limit), so a sweep's data do not depend on --jobs.
-DETERMINISTIC = {"cpsat": {"workers": 1}}
+# Sweep points run in parallel processes; each planner runs with its deterministic options there
+# (``PlannerSpec.deterministic``: cpsat single-worker), so a sweep's data do not depend on --jobs.
+DETERMINISTIC = {name: spec.deterministic for name, spec in REGISTRY.items() if spec.deterministic}
 
 
 def sweep_planner_options(options: dict[str, dict] | None) -> dict[str, dict]:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from planner.errors import InputError
 from planner.graph import DTYPE_BYTES, Graph, Op, Tensor, TensorKind, tensor_bytes
+from planner.hardware import HBM
 
 # Short dtype names accepted by the generators, mapped to the ONNX names the graph stores.
 DTYPE_ALIASES = {
@@ -78,7 +79,7 @@ class GraphBuilder:
         self.tensors: dict[str, Tensor] = {}
         self.ops: list[Op] = []
 
-    def tensor(self, name: str, shape: Sequence[int], dtype: str, kind: str = "activation", home: str = "hbm") -> str:
+    def tensor(self, name: str, shape: Sequence[int], dtype: str, kind: str = "activation", home: str = HBM) -> str:
         if name in self.tensors:
             raise ValueError(f"tensor {name!r} declared twice")
         shape = tuple(int(d) for d in shape)

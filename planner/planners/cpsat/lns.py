@@ -21,6 +21,7 @@ import bisect
 from dataclasses import dataclass
 
 from planner.executor import occupancy, simulate
+from planner.hardware import HBM
 from planner.plan import Plan
 from planner.planners.cpsat import worker
 from planner.planners.cpsat.data import Assignment, Problem, op_end
@@ -204,14 +205,14 @@ def _accept(tl: Timeline, inc: Incumbent, objective: str, limit_ns: int | None) 
     m = tl.metrics
     if objective == "peak":
         ok = limit_ns is None or m.makespan_ns <= max(limit_ns, inc.makespan)
-        return ok and (m.peak_bytes["hbm"], m.makespan_ns) < (inc.timeline.metrics.peak_bytes["hbm"], inc.makespan)
+        return ok and (m.peak_bytes[HBM], m.makespan_ns) < (inc.timeline.metrics.peak_bytes[HBM], inc.makespan)
     return (m.makespan_ns, sum(m.bytes_moved.values())) < (inc.makespan, inc.moved)
 
 
 def peak_window(p: Problem, inc: Incumbent, w: int, tried) -> tuple[int, int] | None:
     """For the peak objective: the untried window of ``w`` ops around the incumbent's HBM peak, then around the
     next highest points of its occupancy."""
-    occ = occupancy(inc.timeline.residencies, "hbm")
+    occ = occupancy(inc.timeline.residencies, HBM)
     if not occ:
         return None
     n = len(p.ops)
