@@ -209,7 +209,7 @@ def test_a_killed_solver_returns_within_its_limit():
     m = Model(p, whole_frame(p, asg))
     m.add_hints()
     t0 = time.monotonic()
-    res = worker.solve(m.m, {"num_workers": 2, "max_time_in_seconds": 100}, 1.0)
+    res = worker.solve(m.cp, {"num_workers": 2, "max_time_in_seconds": 100}, 1.0)
     assert time.monotonic() - t0 < 1.0 + worker.GRACE_S + 0.5
     assert res.has_solution and res.killed
 
@@ -226,8 +226,8 @@ def test_the_hint_is_complete_and_feasible_and_decodes_to_a_valid_plan():
     assert tl.valid
     assert tl.metrics.makespan_ns <= p.scale.ns(asg.makespan)
     m = Model(p, whole_frame(p, asg))
-    assert m.add_hints() == len(m.m.proto.variables)
-    res = worker.solve(m.m, {"num_workers": 1, "fix_variables_to_their_hinted_value": True}, 10)
+    assert m.add_hints() == len(m.cp.proto.variables)
+    res = worker.solve(m.cp, {"num_workers": 1, "fix_variables_to_their_hinted_value": True}, 10)
     assert res.status in ("OPTIMAL", "FEASIBLE")
 
 
@@ -249,7 +249,7 @@ def test_lns_window_hints_are_feasible():
         tried.add((*w, inc.version))
         m = Model(p, window_frame(p, inc, *w))
         m.add_hints()
-        res = worker.solve(m.m, {"num_workers": 1, "fix_variables_to_their_hinted_value": True}, 10)
+        res = worker.solve(m.cp, {"num_workers": 1, "fix_variables_to_their_hinted_value": True}, 10)
         assert res.status in ("OPTIMAL", "FEASIBLE"), w
 
 
@@ -323,7 +323,7 @@ def test_the_hint_satisfies_the_model_it_is_built_for(case):
     solver.parameters.fix_variables_to_their_hinted_value = True
     solver.parameters.num_workers = 1
     solver.parameters.max_time_in_seconds = 30
-    assert solver.solve(m.m) in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+    assert solver.solve(m.cp) in (cp_model.OPTIMAL, cp_model.FEASIBLE)
 
 
 @pytest.mark.parametrize("whole_max_ops", [500, 10])

@@ -125,7 +125,7 @@ def test_ctrl_c_in_the_worker_returns_the_solution_it_has():
             raise KeyboardInterrupt
 
     t0 = time.monotonic()
-    res = worker.solve(m.m, {"num_workers": 1, "max_time_in_seconds": 30}, 30, on_progress)
+    res = worker.solve(m.cp, {"num_workers": 1, "max_time_in_seconds": 30}, 30, on_progress)
     assert time.monotonic() - t0 < 10
     assert res.interrupted and res.has_solution
 

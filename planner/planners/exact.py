@@ -129,10 +129,10 @@ def _solve_order(graph: Graph, hw: Hardware, order: list[str], wall_s: float, be
     model = Model(p, whole_frame(p, asg))
     model.add_hints()
     if below is not None:
-        model.m.add(model.M * p.scale.tick_ns < below)
+        model.cp.add(model.makespan * p.scale.tick_ns < below)
     params = {"num_workers": 1, "random_seed": 0, "max_time_in_seconds": wall_s,
               "keep_all_feasible_solutions_in_presolve": True}
-    res = worker.solve(model.m, params, wall_s)
+    res = worker.solve(model.cp, params, wall_s)
     if below is not None and res.status == "INFEASIBLE":
         return NO_BETTER
     if not res.has_solution:
@@ -145,7 +145,7 @@ def _solve_order(graph: Graph, hw: Hardware, order: list[str], wall_s: float, be
         timeline = simulate(graph, hw, plan)
         if timeline.valid and (best is None or timeline.metrics.makespan_ns < best[0]):
             best = (timeline.metrics.makespan_ns, plan)
-    makespan = int(res.values[model.M.index]) * p.scale.tick_ns
+    makespan = int(res.values[model.makespan.index]) * p.scale.tick_ns
     if best is None:
         return res.status == "OPTIMAL", makespan, None, 0
     return res.status == "OPTIMAL", makespan, best[1], best[0]

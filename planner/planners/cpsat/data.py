@@ -424,24 +424,25 @@ def _add_gaps(graph, hw, scale, ti: TensorInfo, gaps, slots, ref, pos, prefix_ns
 class Assignment:
     """Values for every decision of the model, in ticks: the currency between hint, model, decode and LNS.
 
-    ``off`` maps each offloaded gap to its tier (init gaps are always offloaded); ``X``/``Y`` are every gap's
-    Detach time and Prefetch start (equal when the gap is not offloaded; ``Y`` of an offloaded end gap is the
-    horizon); ``store`` maps each slot with a Store to its tier, ``S`` every slot's Store start; ``F`` is the
-    end of the last residency of each tensor freed after its last use.
+    ``off`` maps each offloaded gap to its tier (init gaps are always offloaded); ``detach``/``prefetch`` are
+    every gap's Detach time and Prefetch start (the paper's X and Y; equal when the gap is not offloaded; the
+    Prefetch of an offloaded end gap is at the horizon); ``store`` maps each slot with a Store to its tier,
+    ``store_start`` every slot's Store start (S); ``freed`` is the end of the last residency of each tensor freed
+    after its last use (F).
     """
 
     start: list[int]
     off: dict[int, str] = field(default_factory=dict)
-    X: dict[int, int] = field(default_factory=dict)
-    Y: dict[int, int] = field(default_factory=dict)
+    detach: dict[int, int] = field(default_factory=dict)
+    prefetch: dict[int, int] = field(default_factory=dict)
     store: dict[int, str] = field(default_factory=dict)
-    S: dict[int, int] = field(default_factory=dict)
-    F: dict[int, int] = field(default_factory=dict)
+    store_start: dict[int, int] = field(default_factory=dict)
+    freed: dict[int, int] = field(default_factory=dict)
     makespan: int = 0
 
     def copy(self) -> Assignment:
-        return Assignment(list(self.start), dict(self.off), dict(self.X), dict(self.Y), dict(self.store),
-                          dict(self.S), dict(self.F), self.makespan)
+        return Assignment(list(self.start), dict(self.off), dict(self.detach), dict(self.prefetch), dict(self.store),
+                          dict(self.store_start), dict(self.freed), self.makespan)
 
 
 def needs_store(p: Problem, a: Assignment, gap) -> bool:
@@ -461,7 +462,7 @@ def alloc_time(p: Problem, a: Assignment, t: TensorInfo) -> int:
     if t.producer is not None:
         return a.start[t.producer]
     if t.starts_remote or t.free:
-        return a.Y[t.gaps[0]]
+        return a.prefetch[t.gaps[0]]
     return 0
 
 
@@ -471,9 +472,9 @@ def chain(p: Problem, a: Assignment, t: TensorInfo) -> list[tuple[int, int]]:
     cur = alloc_time(p, a, t)
     out = []
     for g in gaps:
-        out.append((cur, a.X[g]))
-        cur = a.Y[g]
-    end = p.horizon if t.until_end else a.F[t.index]
+        out.append((cur, a.detach[g]))
+        cur = a.prefetch[g]
+    end = p.horizon if t.until_end else a.freed[t.index]
     out.append((cur, end))
     return out
 
@@ -486,18 +487,18 @@ def canonical(p: Problem, a: Assignment) -> Assignment:
     for g in p.gaps:
         if g.kind == "init":
             if g.index not in a.off:
-                a.Y[g.index] = 0  # a free tensor that starts on HBM: resident from time 0
+                a.prefetch[g.index] = 0  # a free tensor that starts on HBM: resident from time 0
             continue
         last = max((op_end(p, a, u) for u in g.before), default=0)
         if g.index in a.off:
             if g.kind == "end":
-                a.Y[g.index] = p.horizon
+                a.prefetch[g.index] = p.horizon
             if g.slot in a.store and needs_store(p, a, g):
-                last = max(last, a.S[g.slot] + p.slots[g.slot].store[a.store[g.slot]])
-            a.X[g.index] = last
+                last = max(last, a.store_start[g.slot] + p.slots[g.slot].store[a.store[g.slot]])
+            a.detach[g.index] = last
         else:
-            a.X[g.index] = a.Y[g.index] = last
+            a.detach[g.index] = a.prefetch[g.index] = last
     for s in p.slots:
         if s.index not in a.store:
-            a.S[s.index] = 0 if s.writer is None else op_end(p, a, s.writer)
+            a.store_start[s.index] = 0 if s.writer is None else op_end(p, a, s.writer)
     return a

@@ -36,12 +36,12 @@ def plan_from_assignment(p: Problem, a: Assignment, planner: str = "cpsat", **kw
     for o in range(len(ops)):
         ev.append((a.start[o], _OP, o, o))
     for s in a.store:
-        ev.append((a.S[s], _STORE, s, s))
+        ev.append((a.store_start[s], _STORE, s, s))
     detach_info: dict[int, tuple[str, int | None]] = {}
     for g in a.off:
         gap = p.gaps[g]
         if gap.has_fetch:
-            ev.append((a.Y[g], _PREFETCH, g, g))
+            ev.append((a.prefetch[g], _PREFETCH, g, g))
         if gap.kind == "init":
             continue
         users_end, last_user = -1, None
@@ -53,7 +53,7 @@ def plan_from_assignment(p: Problem, a: Assignment, planner: str = "cpsat", **kw
         stream = COMPUTE
         if gap.slot in a.store and needs_store(p, a, gap):
             sl = p.slots[gap.slot]
-            store_end = a.S[gap.slot] + sl.store[a.store[gap.slot]]
+            store_end = a.store_start[gap.slot] + sl.store[a.store[gap.slot]]
             if store_end > when:
                 when = store_end
                 stream = p.tiers[a.store[gap.slot]].store_link

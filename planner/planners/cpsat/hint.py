@@ -102,7 +102,7 @@ def assignment_from_plan(p: Problem, plan: Plan, times: list[tuple[int, int]]) -
                 slot = slot_of.get((k, version))
                 if slot is not None and slot.index not in a.store:
                     a.store[slot.index] = links[s.stream].tier
-                    a.S[slot.index] = when
+                    a.store_start[slot.index] = when
                 continue
             nb = n_before(when)
             gap = p.gap_of(k, nb) if nb is not None else None
@@ -112,13 +112,13 @@ def assignment_from_plan(p: Problem, plan: Plan, times: list[tuple[int, int]]) -
                 notes.append(f"{s.kind.value} of {t.name!r} (step {i}) maps to no candidate gap")
                 continue
             if s.kind is StepKind.DETACH:
-                if gap.index not in a.X or open_gap != gap.index:
-                    a.X.setdefault(gap.index, when)
+                if gap.index not in a.detach or open_gap != gap.index:
+                    a.detach.setdefault(gap.index, when)
                 open_gap = gap.index
                 if gap.kind == "end":
                     a.off[gap.index] = a.off.get(gap.index) or _end_tier(p, a, gap)
             else:
-                a.Y[gap.index] = when
+                a.prefetch[gap.index] = when
                 a.off[gap.index] = links[s.stream].tier
                 open_gap = None
     # End gaps take the tier of their Store (or the home tier); the rest of the values are canonical.
@@ -126,7 +126,7 @@ def assignment_from_plan(p: Problem, plan: Plan, times: list[tuple[int, int]]) -
         gap = p.gaps[gi]
         if gap.kind == "end":
             a.off[gi] = a.store.get(gap.slot, tier) if gap.slot is not None else p.tensors[gap.tensor].tiers[0]
-        if gap.kind != "init" and gi not in a.X:
+        if gap.kind != "init" and gi not in a.detach:
             notes.append(f"prefetch of {p.tensors[gap.tensor].name!r} with no Detach before it")
             del a.off[gi]
     # Steady state: a free tensor's end gap is offloaded exactly when it starts remote (a plan may keep the HBM
@@ -150,7 +150,7 @@ def assignment_from_plan(p: Problem, plan: Plan, times: list[tuple[int, int]]) -
             ends = [op_end(p, a, u) for u in t.users]
             if t.producer is not None:
                 ends.append(op_end(p, a, t.producer))
-            a.F[t.index] = max(ends, default=alloc_time(p, a, t))
+            a.freed[t.index] = max(ends, default=alloc_time(p, a, t))
     # Slots whose Store no offloaded gap needs are dropped.
     needed = {p.gaps[gi].slot for gi in a.off if needs_store(p, a, p.gaps[gi])}
     for s in list(a.store):
@@ -189,31 +189,31 @@ def check(p: Problem, a: Assignment, lo: int = 0, hi: int | None = None) -> list
             out.append(f"{what} of {name!r} missing")
         if gap.kind == "end" and p.tensors[gap.tensor].free and on != (p.tensors[gap.tensor].placement_gap in a.off):
             out.append(f"end gap of {name!r} offloaded {'without' if on else 'but not'} its starting tier remote")
-        if gap.kind != "init" and a.X[gi] > a.Y[gi]:
+        if gap.kind != "init" and a.detach[gi] > a.prefetch[gi]:
             out.append(f"gap {gi} of {name!r}: detach after prefetch")
         if not on:
-            if gap.kind != "init" and a.X[gi] != a.Y[gi]:
+            if gap.kind != "init" and a.detach[gi] != a.prefetch[gi]:
                 out.append(f"gap {gi} of {name!r}: not offloaded but X != Y")
             continue
         tier = a.off[gi]
         if gap.kind != "init":
             for u in gap.before:
-                if op_end(p, a, u) > a.X[gi]:
+                if op_end(p, a, u) > a.detach[gi]:
                     out.append(f"gap {gi} of {name!r}: detached before {ops[u].name!r} ends")
         if gap.has_fetch:
             for u in gap.after:
-                if a.Y[gi] + gap.fetch[tier] > a.start[u]:
+                if a.prefetch[gi] + gap.fetch[tier] > a.start[u]:
                     out.append(f"gap {gi} of {name!r}: prefetch ends after {ops[u].name!r} starts")
-        elif a.Y[gi] != p.horizon:
+        elif a.prefetch[gi] != p.horizon:
             out.append(f"end gap {gi} of {name!r}: Y is not the horizon")
         if needs_store(p, a, gap):
             st = a.store.get(gap.slot)
             if st != tier:
                 out.append(f"gap {gi} of {name!r}: no Store to {tier} of its version")
-            elif a.S[gap.slot] + p.slots[gap.slot].store[tier] > a.X[gi]:
+            elif a.store_start[gap.slot] + p.slots[gap.slot].store[tier] > a.detach[gi]:
                 out.append(f"gap {gi} of {name!r}: detached before its Store ends")
     for s in p.slots:
-        if s.writer is not None and a.S[s.index] < op_end(p, a, s.writer):
+        if s.writer is not None and a.store_start[s.index] < op_end(p, a, s.writer):
             out.append(f"store of {p.tensors[s.tensor].name!r} v{s.version} before its writer ends")
     # Tier choice: one tier per tensor.
     stored: dict[int, set[str]] = {}
@@ -245,10 +245,10 @@ def transfer_intervals(p: Problem, a: Assignment) -> dict[str, list[tuple[int, i
     for gi, tier in a.off.items():
         gap = p.gaps[gi]
         if gap.has_fetch:
-            out[p.tiers[tier].fetch_link].append((a.Y[gi], a.Y[gi] + gap.fetch[tier], f"fetch g{gi}"))
+            out[p.tiers[tier].fetch_link].append((a.prefetch[gi], a.prefetch[gi] + gap.fetch[tier], f"fetch g{gi}"))
     for si, tier in a.store.items():
         s = p.slots[si]
-        out[p.tiers[tier].store_link].append((a.S[si], a.S[si] + s.store[tier], f"store s{si}"))
+        out[p.tiers[tier].store_link].append((a.store_start[si], a.store_start[si] + s.store[tier], f"store s{si}"))
     return out
 
 

@@ -166,7 +166,7 @@ def _search(run: Run, p: Problem, inc: Incumbent, objective: str, limit_ns: int 
         params = run.params(wall, det_s=det, log=log)
         params["keep_all_feasible_solutions_in_presolve"] = True
         run.log(f"# cpsat: LNS window {stats['windows']}: ops {i}..{j - 1} of the incumbent's order")
-        res = worker.solve(m.m, params, wall, on_log=run.log_sink if log else None)
+        res = worker.solve(m.cp, params, wall, on_log=run.log_sink if log else None)
         run.det_used += res.deterministic_time
         run.notes.extend(x for x in res.notes if x not in run.notes)
         if res.interrupted:
@@ -230,7 +230,7 @@ def peak_window(p: Problem, inc: Incumbent, w: int, tried) -> tuple[int, int] | 
 def _objective_of_hint(m: Model) -> float:
     """The window objective of the incumbent (to tell whether the solver improved on it)."""
     vals = {v.index: val for v, val in m.hints}
-    obj = m.m.proto.objective
+    obj = m.cp.proto.objective
     total = obj.offset
     for var, coef in zip(obj.vars, obj.coeffs):
         total += coef * vals.get(var, 0)
@@ -304,12 +304,12 @@ def window_frame(p: Problem, inc: Incumbent, i: int, j: int) -> Frame:
     # Offloaded gaps whose transfers fall in the region.
     for g in a.off:
         gap = p.gaps[g]
-        if gap.has_fetch and lo <= a.Y[g] < hi:
+        if gap.has_fetch and lo <= a.prefetch[g] < hi:
             cand.add(g)
-        if gap.kind != "init" and lo <= a.X[g] < hi:
+        if gap.kind != "init" and lo <= a.detach[g] < hi:
             cand.add(g)
     for s in a.store:
-        if lo <= a.S[s] < hi:
+        if lo <= a.store_start[s] < hi:
             cand.update(p.slots[s].gaps)
     # Large tensors kept on HBM across the whole region: the window may offload them.
     spanning = []
@@ -333,47 +333,47 @@ def window_frame(p: Problem, inc: Incumbent, i: int, j: int) -> Frame:
             continue
         on = g in a.off
         tier = a.off.get(g)
-        fetch_ok = not gap.has_fetch or (on and inside(a.Y[g], a.Y[g] + gap.fetch[tier]))
+        fetch_ok = not gap.has_fetch or (on and inside(a.prefetch[g], a.prefetch[g] + gap.fetch[tier]))
         slot_ok = gap.slot is None or _slot_movable(p, a, gap.slot, lo, hi, before_end)
         if gap.kind == "init":
-            if fetch_ok and inside(a.Y[g], a.Y[g] + gap.fetch[tier]):
-                f.gaps_y.add(g)
+            if fetch_ok and inside(a.prefetch[g], a.prefetch[g] + gap.fetch[tier]):
+                f.free_prefetch.add(g)
             continue
         # The decision can change only if every transfer it adds or removes, and every residency it adds, fits
         # in the region (keeping a tensor an offloaded end gap dropped holds it to the end of the step).
         # A required gap (the Store back to a pinned home) stays offloaded; only its times may move.
         if not gap.mandatory and ((not on and slot_ok) or (on and fetch_ok and slot_ok and (gap.has_fetch or f.final))):
-            f.gaps_b.add(g)
-            f.gaps_x.add(g)
-            f.gaps_y.add(g)
+            f.free_offload.add(g)
+            f.free_detach.add(g)
+            f.free_prefetch.add(g)
             if gap.slot is not None:
-                f.slots_q.add(gap.slot)
-                f.slots_s.add(gap.slot)
+                f.free_store_tier.add(gap.slot)
+                f.free_store_start.add(gap.slot)
         else:
             if on and fetch_ok and gap.has_fetch:
-                f.gaps_y.add(g)
+                f.free_prefetch.add(g)
             if any(in_window(u) for u in gap.before):
-                f.gaps_x.add(g)
+                f.free_detach.add(g)
                 if not on:
-                    f.gaps_y.add(g)  # X = Y = the end of a window op
+                    f.free_prefetch.add(g)  # X = Y = the end of a window op
             if gap.slot is not None and on and _slot_movable(p, a, gap.slot, lo, hi, before_end) \
                     and gap.slot in a.store:
-                f.slots_s.add(gap.slot)
-                f.gaps_x.add(g)
+                f.free_store_start.add(gap.slot)
+                f.free_detach.add(g)
     # A slot's presence is free only if no fixed offloaded gap needs its Store.
-    for s in list(f.slots_q):
+    for s in list(f.free_store_tier):
         for g in p.slots[s].gaps:
-            if g in a.off and g not in f.gaps_b:
-                f.slots_q.discard(s)
+            if g in a.off and g not in f.free_offload:
+                f.free_store_tier.discard(s)
     # Gaps whose Detach depends on a Store that moves.
-    for s in sorted(f.slots_s):
+    for s in sorted(f.free_store_start):
         for g in p.slots[s].gaps:
-            if g in a.off and g not in f.gaps_x:
-                if lo <= a.X[g] <= hi or g in f.gaps_b:
-                    f.gaps_x.add(g)
+            if g in a.off and g not in f.free_detach:
+                if lo <= a.detach[g] <= hi or g in f.free_offload:
+                    f.free_detach.add(g)
                 else:
-                    f.slots_s.discard(s)
-                    f.slots_q.discard(s)
+                    f.free_store_start.discard(s)
+                    f.free_store_tier.discard(s)
                     break
     # Ends of tensors freed after their last use: free when a user is in the window and none after it.
     for t in touched:
@@ -382,12 +382,12 @@ def window_frame(p: Problem, inc: Incumbent, i: int, j: int) -> Frame:
             continue
         us = list(ti.users) + ([ti.producer] if ti.producer is not None else [])
         if any(in_window(u) for u in us) and all(before_end(u) for u in us):
-            f.tensors_f.add(t)
+            f.free_end.add(t)
     # Tier choice: free for tensors with several tiers and no fixed offload.
-    for t in touched | {p.gaps[g].tensor for g in f.gaps_b}:
+    for t in touched | {p.gaps[g].tensor for g in f.free_offload}:
         ti = p.tensors[t]
-        if len(ti.tiers) > 1 and all(g in f.gaps_b or g not in a.off for g in ti.gaps):
-            f.tensors_z.add(t)
+        if len(ti.tiers) > 1 and all(g in f.free_offload or g not in a.off for g in ti.gaps):
+            f.free_tier.add(t)
     return f
 
 
@@ -397,7 +397,7 @@ def _slot_movable(p: Problem, a: Assignment, s: int, lo: int, hi: int, before_en
     if sl.writer is not None and not before_end(sl.writer):
         return False
     if s in a.store:
-        return lo <= a.S[s] and a.S[s] + sl.store[a.store[s]] <= hi
+        return lo <= a.store_start[s] and a.store_start[s] + sl.store[a.store[s]] <= hi
     return True
 
 

@@ -37,13 +37,13 @@ class Frame:
     hi: int
     inc: Assignment
     ops: set[int]
-    gaps_b: set[int] = field(default_factory=set)  # offload decision free
-    gaps_x: set[int] = field(default_factory=set)  # Detach time free
-    gaps_y: set[int] = field(default_factory=set)  # Prefetch start free
-    slots_q: set[int] = field(default_factory=set)  # Store presence and tier free
-    slots_s: set[int] = field(default_factory=set)  # Store start free
-    tensors_f: set[int] = field(default_factory=set)  # end of the last residency free
-    tensors_z: set[int] = field(default_factory=set)  # tier free
+    free_offload: set[int] = field(default_factory=set)  # offload decision free
+    free_detach: set[int] = field(default_factory=set)  # Detach time free
+    free_prefetch: set[int] = field(default_factory=set)  # Prefetch start free
+    free_store_tier: set[int] = field(default_factory=set)  # Store presence and tier free
+    free_store_start: set[int] = field(default_factory=set)  # Store start free
+    free_end: set[int] = field(default_factory=set)  # end of the last residency free
+    free_tier: set[int] = field(default_factory=set)  # tier free
     op_lo: dict[int, int] = field(default_factory=dict)
     op_hi: dict[int, int] = field(default_factory=dict)  # latest start
     whole: bool = False
@@ -59,10 +59,11 @@ def whole_frame(p: Problem, inc: Assignment, op_lo=None, op_hi=None) -> Frame:
     """Everything free on [0, horizon]."""
     return Frame(
         lo=0, hi=p.horizon, inc=inc, ops=set(range(len(p.ops))),
-        gaps_b={g.index for g in p.gaps if not g.mandatory}, gaps_x={g.index for g in p.gaps},
-        gaps_y={g.index for g in p.gaps}, slots_q={s.index for s in p.slots}, slots_s={s.index for s in p.slots},
-        tensors_f={t.index for t in p.tensors if t.modelled and not t.until_end},
-        tensors_z={t.index for t in p.tensors if len(t.tiers) > 1},
+        free_offload={g.index for g in p.gaps if not g.mandatory}, free_detach={g.index for g in p.gaps},
+        free_prefetch={g.index for g in p.gaps}, free_store_tier={s.index for s in p.slots},
+        free_store_start={s.index for s in p.slots},
+        free_end={t.index for t in p.tensors if t.modelled and not t.until_end},
+        free_tier={t.index for t in p.tensors if len(t.tiers) > 1},
         op_lo=op_lo or {}, op_hi=op_hi or {}, whole=True, final=True,
     )
 
@@ -77,24 +78,25 @@ class Model:
     def __init__(self, p: Problem, f: Frame, objective: str = "makespan", makespan_limit: int | None = None,
                  tie_weight: bool = True) -> None:
         self.p, self.f = p, f
-        self.m = cp_model.CpModel()
+        self.cp = cp_model.CpModel()
         self.objective = objective
         self.makespan_limit = makespan_limit
         self.tie_weight = tie_weight
         self.hints: list[tuple[object, int]] = []
         self.dom: dict[int, tuple[int, int]] = {}
         self.start: dict[int, object] = {}
-        self.b: dict[int, object] = {}
-        self.pr: dict[int, dict[str, object]] = {}
-        self.X: dict[int, object] = {}
-        self.Y: dict[int, object] = {}
-        self.q: dict[int, dict[str, object]] = {}
-        self.S: dict[int, object] = {}
-        self.F: dict[int, object] = {}
-        self.z: dict[int, dict[str, object]] = {}
+        # Decisions, each a constant where the frame fixes it (the paper's letters in brackets).
+        self.offload: dict[int, object] = {}  # gap -> Boolean: the gap is spent off HBM (b)
+        self.offload_to: dict[int, dict[str, object]] = {}  # gap -> tier -> Boolean, where several tiers (pr)
+        self.detach: dict[int, object] = {}  # gap -> Detach time (X)
+        self.prefetch: dict[int, object] = {}  # gap -> Prefetch start (Y)
+        self.store_to: dict[int, dict[str, object]] = {}  # slot -> tier -> Boolean: a Store of the version (q)
+        self.store_start: dict[int, object] = {}  # slot -> Store start (S)
+        self.freed: dict[int, object] = {}  # tensor -> end of its last residency (F)
+        self.tier_of: dict[int, dict[str, object]] = {}  # tensor -> tier -> Boolean: its one remote tier (z)
         self.tie_terms: list[tuple[object, int]] = []
-        self.M = None
-        self.P = None
+        self.makespan = None  # (M)
+        self.peak = None  # peak HBM, for the peak objective (P)
         self._variables()
         self._ops()
         self._gaps()
@@ -109,13 +111,13 @@ class Model:
     # ------------------------------------------------------------------ variables
     def _int(self, lo: int, hi: int, name: str, hint: int):
         hi = max(lo, hi)
-        v = self.m.new_int_var(lo, hi, name)
+        v = self.cp.new_int_var(lo, hi, name)
         self.dom[v.index] = (lo, hi)
         self.hints.append((v, min(max(hint, lo), hi)))
         return v
 
     def _bool(self, name: str, hint: int):
-        v = self.m.new_bool_var(name)
+        v = self.cp.new_bool_var(name)
         self.hints.append((v, int(bool(hint))))
         return v
 
@@ -128,26 +130,26 @@ class Model:
             b = min(f.ops_end - d, f.op_hi.get(o, f.ops_end - d))
             self.start[o] = self._int(a, b, f"s{o}", inc.start[o])
         # Which tensors the frame touches: their gaps, slots and residencies are built as terms.
-        touched = set(f.tensors_f) | set(f.tensors_z)
+        touched = set(f.free_end) | set(f.free_tier)
         for o in sorted(f.ops):
             touched.update(p.ops[o].reads)
             touched.update(p.ops[o].outputs)
-        for g in f.gaps_b | f.gaps_x | f.gaps_y:
+        for g in f.free_offload | f.free_detach | f.free_prefetch:
             touched.add(p.gaps[g].tensor)
-        for s in f.slots_q | f.slots_s:
+        for s in f.free_store_tier | f.free_store_start:
             touched.add(p.slots[s].tensor)
         self.touched = sorted(t for t in touched if p.tensors[t].modelled)
         for t in self.touched:
             ti = p.tensors[t]
-            if t in f.tensors_z:
+            if t in f.free_tier:
                 cur = self._tier_of(t)
-                self.z[t] = {r: self._bool(f"z{t}_{r}", cur == r) for r in ti.tiers}
-            if t in f.tensors_f:
-                self.F[t] = self._int(lo, hi, f"F{t}", inc.F[t])
+                self.tier_of[t] = {r: self._bool(f"z{t}_{r}", cur == r) for r in ti.tiers}
+            if t in f.free_end:
+                self.freed[t] = self._int(lo, hi, f"F{t}", inc.freed[t])
             for g in ti.gaps:
                 self._gap_vars(g)
         for s in p.slots:
-            if p.slots[s.index].tensor in self.z or s.index in f.slots_q or s.index in f.slots_s:
+            if p.slots[s.index].tensor in self.tier_of or s.index in f.free_store_tier or s.index in f.free_store_start:
                 self._slot_vars(s.index)
 
     def _tier_of(self, t: int) -> str | None:
@@ -161,49 +163,50 @@ class Model:
         p, f, inc = self.p, self.f, self.f.inc
         gap = p.gaps[g]
         cur = inc.off.get(g)
-        if g in f.gaps_b:
-            self.b[g] = self._bool(f"b{g}", cur is not None)
+        if g in f.free_offload:
+            self.offload[g] = self._bool(f"b{g}", cur is not None)
             if len(gap.tiers) == 1:
-                self.pr[g] = {gap.tiers[0]: self.b[g]}
+                self.offload_to[g] = {gap.tiers[0]: self.offload[g]}
             else:
-                self.pr[g] = {r: self._bool(f"p{g}_{r}", cur == r) for r in gap.tiers}
-                self.m.add(sum(self.pr[g].values()) == self.b[g])
+                self.offload_to[g] = {r: self._bool(f"p{g}_{r}", cur == r) for r in gap.tiers}
+                self.cp.add(sum(self.offload_to[g].values()) == self.offload[g])
         else:
-            self.b[g] = int(cur is not None)
-            self.pr[g] = {r: int(cur == r) for r in gap.tiers}
+            self.offload[g] = int(cur is not None)
+            self.offload_to[g] = {r: int(cur == r) for r in gap.tiers}
         if gap.kind != "init":
-            if g in f.gaps_x:
-                self.X[g] = self._int(min(f.lo, inc.X[g]), max(f.hi, inc.X[g]), f"X{g}", inc.X[g])
+            if g in f.free_detach:
+                self.detach[g] = self._int(min(f.lo, inc.detach[g]), max(f.hi, inc.detach[g]), f"X{g}", inc.detach[g])
             else:
-                self.X[g] = inc.X[g]
-        if g in f.gaps_y:
-            ylo = min(f.lo, inc.Y[g]) if gap.kind != "end" or g not in inc.off else f.lo
+                self.detach[g] = inc.detach[g]
+        if g in f.free_prefetch:
+            ylo = min(f.lo, inc.prefetch[g]) if gap.kind != "end" or g not in inc.off else f.lo
             if gap.kind == "end" and p.horizon > f.hi:
-                top = max(f.hi, inc.Y[g]) if inc.Y[g] < p.horizon else f.hi
+                top = max(f.hi, inc.prefetch[g]) if inc.prefetch[g] < p.horizon else f.hi
                 dom = sorted_interval_list.Domain.from_intervals([[ylo, top], [p.horizon, p.horizon]])
-                v = self.m.new_int_var_from_domain(dom, f"Y{g}")
+                v = self.cp.new_int_var_from_domain(dom, f"Y{g}")
                 self.dom[v.index] = (ylo, p.horizon)
-                self.hints.append((v, inc.Y[g]))
-                self.Y[g] = v
+                self.hints.append((v, inc.prefetch[g]))
+                self.prefetch[g] = v
             else:
-                self.Y[g] = self._int(ylo, max(f.hi, inc.Y[g]), f"Y{g}", inc.Y[g])
+                self.prefetch[g] = self._int(ylo, max(f.hi, inc.prefetch[g]), f"Y{g}", inc.prefetch[g])
         else:
-            self.Y[g] = inc.Y[g]
+            self.prefetch[g] = inc.prefetch[g]
 
     def _slot_vars(self, s: int) -> None:
         p, f, inc = self.p, self.f, self.f.inc
         sl = p.slots[s]
-        if s in self.q:
+        if s in self.store_to:
             return
         cur = inc.store.get(s)
-        if s in f.slots_q:
-            self.q[s] = {r: self._bool(f"q{s}_{r}", cur == r) for r in sl.tiers}
+        if s in f.free_store_tier:
+            self.store_to[s] = {r: self._bool(f"q{s}_{r}", cur == r) for r in sl.tiers}
         else:
-            self.q[s] = {r: int(cur == r) for r in sl.tiers}
-        if s in f.slots_s:
-            self.S[s] = self._int(min(f.lo, inc.S[s]), max(f.hi, inc.S[s]), f"S{s}", inc.S[s])
+            self.store_to[s] = {r: int(cur == r) for r in sl.tiers}
+        if s in f.free_store_start:
+            was = inc.store_start[s]
+            self.store_start[s] = self._int(min(f.lo, was), max(f.hi, was), f"S{s}", was)
         else:
-            self.S[s] = inc.S[s]
+            self.store_start[s] = inc.store_start[s]
 
     # ------------------------------------------------------------------ helpers
     def st(self, o: int):
@@ -226,9 +229,9 @@ class Model:
                 return
             if not ls:
                 raise ValueError(f"constant constraint {a} <= {b} violated")
-            self.m.add_bool_or([x.Not() for x in ls])
+            self.cp.add_bool_or([x.Not() for x in ls])
             return
-        ct = self.m.add(a <= b)
+        ct = self.cp.add(a <= b)
         if ls:
             ct.only_enforce_if(ls)
 
@@ -244,13 +247,13 @@ class Model:
                     if not b:
                         raise ValueError("constant implication violated")
                 else:
-                    self.m.add(b == 1)
+                    self.cp.add(b == 1)
             return
         if _const(b):
             if not b:
-                self.m.add(a == 0)
+                self.cp.add(a == 0)
             return
-        self.m.add_implication(a, b)
+        self.cp.add_implication(a, b)
 
     # ------------------------------------------------------------------ ops
     def _ops(self) -> None:
@@ -258,11 +261,11 @@ class Model:
         intervals = []
         self.op_iv = {}
         for o, s in self.start.items():
-            iv = self.m.new_fixed_size_interval_var(s, p.ops[o].dur, f"op{o}")
+            iv = self.cp.new_fixed_size_interval_var(s, p.ops[o].dur, f"op{o}")
             self.op_iv[o] = iv
             intervals.append(iv)
         if len(intervals) > 1:
-            self.m.add_no_overlap(intervals)
+            self.cp.add_no_overlap(intervals)
         for o in self.start:
             for q in p.ops[o].preds:
                 if q in self.start or op_end(p, f.inc, q) > f.lo:
@@ -278,10 +281,10 @@ class Model:
         p, f, H = self.p, self.f, self.p.horizon
         for t in self.touched:
             ti = p.tensors[t]
-            placed = self.b[ti.placement_gap] if ti.placement_gap is not None else None
+            placed = self.offload[ti.placement_gap] if ti.placement_gap is not None else None
             for g in ti.gaps:
                 gap = p.gaps[g]
-                b, X, Y = self.b[g], self.X.get(g), self.Y[g]
+                b, X, Y = self.offload[g], self.detach.get(g), self.prefetch[g]
                 if gap.placement:
                     # Starts on HBM: resident from time 0, no Prefetch.
                     if _const(b):
@@ -299,7 +302,7 @@ class Model:
                         self.eq(X, Y)
                 if gap.kind == "end":
                     self.eq(Y, H, [b])
-                for r, lit in self.pr[g].items():
+                for r, lit in self.offload_to[g].items():
                     if _const(lit) and lit == 0:
                         continue
                     if gap.has_fetch:
@@ -312,9 +315,9 @@ class Model:
                     if gap.slot is not None:
                         self._slot_vars(gap.slot)
                         if gap.store_unless_placed:
-                            self._implies_unless(lit, placed, self.q[gap.slot][r])
+                            self._implies_unless(lit, placed, self.store_to[gap.slot][r])
                         else:
-                            self.implies(lit, self.q[gap.slot][r])
+                            self.implies(lit, self.store_to[gap.slot][r])
 
     def _implies_unless(self, a, c, b) -> None:
         """a and not c => b, for literals or constants."""
@@ -328,17 +331,17 @@ class Model:
             return
         if _const(b):
             if not b:
-                self.m.add_implication(a, c)
+                self.cp.add_implication(a, c)
             return
-        self.m.add_bool_or([a.Not(), c, b])
+        self.cp.add_bool_or([a.Not(), c, b])
 
     # ------------------------------------------------------------------ slots
     def _slots(self) -> None:
         """One Store per version at most, after its writer; none that no offloaded gap needs."""
         p, f = self.p, self.f
-        for s, q in self.q.items():
+        for s, q in self.store_to.items():
             sl = p.slots[s]
-            S = self.S[s]
+            S = self.store_start[s]
             if sl.writer is not None:
                 self.le(self.en(sl.writer), S)
             qs = [v for v in q.values() if not _const(v)]
@@ -348,29 +351,29 @@ class Model:
                     self.le(S + sl.store[r], f.hi, [lit])
             if qs:
                 consts = sum(v for v in q.values() if _const(v))
-                self.m.add(sum(qs) + consts <= 1)
+                self.cp.add(sum(qs) + consts <= 1)
                 if len(qs) == len(q):
-                    bs = [self.b.get(g, int(g in self.f.inc.off)) for g in sl.gaps]
-                    self.m.add(sum(qs) <= sum(bs))
+                    bs = [self.offload.get(g, int(g in self.f.inc.off)) for g in sl.gaps]
+                    self.cp.add(sum(qs) <= sum(bs))
                     # In the whole model an absent Store sits at its writer's end.
                     canon = self.en(sl.writer) if sl.writer is not None else 0
                     if f.whole and not _const(S):
-                        self.m.add(S == canon).only_enforce_if([v.Not() for v in qs])
+                        self.cp.add(S == canon).only_enforce_if([v.Not() for v in qs])
 
     # ------------------------------------------------------------------ tiers
     def _tiers(self) -> None:
         p = self.p
-        for t, z in self.z.items():
-            self.m.add(sum(z.values()) <= 1)
+        for t, z in self.tier_of.items():
+            self.cp.add(sum(z.values()) <= 1)
             for g in p.tensors[t].gaps:
-                for r, lit in self.pr[g].items():
+                for r, lit in self.offload_to[g].items():
                     self.implies(lit, z[r])
-        for s, q in self.q.items():
+        for s, q in self.store_to.items():
             t = p.slots[s].tensor
-            if t in self.z:
+            if t in self.tier_of:
                 for r, lit in q.items():
-                    self.implies(lit, self.z[t][r])
-        if not self.z:
+                    self.implies(lit, self.tier_of[t][r])
+        if not self.tier_of:
             return
         for r, tier in p.tiers.items():
             terms = []
@@ -378,12 +381,12 @@ class Model:
             for t in p.tensors:
                 if r not in t.tiers or t.starts_remote or not t.gaps:
                     continue
-                if t.index in self.z:
-                    terms.append((self.z[t.index][r], t.nbytes))
+                if t.index in self.tier_of:
+                    terms.append((self.tier_of[t.index][r], t.nbytes))
                 elif self._tier_of(t.index) == r:
                     fixed += t.nbytes
             if fixed + sum(b for _v, b in terms) > tier.capacity_bytes:
-                self.m.add(sum(v * b for v, b in terms) <= tier.capacity_bytes - fixed)
+                self.cp.add(sum(v * b for v, b in terms) <= tier.capacity_bytes - fixed)
 
     # ------------------------------------------------------------------ links
     def _links(self) -> None:
@@ -391,22 +394,22 @@ class Model:
         lo, hi = f.lo, f.hi
         per_link: dict[str, list] = {name: [] for name in p.links}
         built: set[tuple[str, int]] = set()
-        for g, lits in self.pr.items():
+        for g, lits in self.offload_to.items():
             gap = p.gaps[g]
             if not gap.has_fetch:
                 continue
             for r, lit in lits.items():
-                Y = self.Y[g]
+                Y = self.prefetch[g]
                 if _const(lit) and (lit == 0 or _const(Y)):
                     continue  # absent, or fixed (added below with the incumbent's fixed transfers)
                 per_link[p.tiers[r].fetch_link].append(self._transfer(Y, gap.fetch[r], lit, f"pf{g}_{r}"))
                 built.add(("g", g))
                 if not _const(lit):
                     self.tie_terms.append((lit, self._tie(p.tensors[gap.tensor].nbytes)))
-        for s, q in self.q.items():
+        for s, q in self.store_to.items():
             sl = p.slots[s]
             for r, lit in q.items():
-                S = self.S[s]
+                S = self.store_start[s]
                 if _const(lit) and (lit == 0 or _const(S)):
                     continue
                 per_link[p.tiers[r].store_link].append(self._transfer(S, sl.store[r], lit, f"st{s}_{r}"))
@@ -423,20 +426,20 @@ class Model:
                 self.fixed_transfer_end = max(self.fixed_transfer_end, e)
                 s2, e2 = max(s, lo), min(e, hi)
                 if e2 > s2:
-                    per_link[name].append(self.m.new_fixed_size_interval_var(s2, e2 - s2, f"fx_{name}_{s}"))
+                    per_link[name].append(self.cp.new_fixed_size_interval_var(s2, e2 - s2, f"fx_{name}_{s}"))
         for name, ivs in per_link.items():
             if len(ivs) < 2:
                 continue
             ch = p.links[name].channels
             if ch == 1:
-                self.m.add_no_overlap(ivs)
+                self.cp.add_no_overlap(ivs)
             else:
-                self.m.add_cumulative(ivs, [1] * len(ivs), ch)
+                self.cp.add_cumulative(ivs, [1] * len(ivs), ch)
 
     def _transfer(self, start, size: int, lit, name: str):
         if _const(lit):
-            return self.m.new_fixed_size_interval_var(start, size, name)
-        return self.m.new_optional_fixed_size_interval_var(start, size, lit, name)
+            return self.cp.new_fixed_size_interval_var(start, size, name)
+        return self.cp.new_optional_fixed_size_interval_var(start, size, lit, name)
 
     def _tie(self, nbytes: int) -> int:
         return max(1, -(-nbytes // self.tie_unit))
@@ -463,8 +466,8 @@ class Model:
                 if _const(a2) and _const(b2) and b2 <= a2:
                     continue
                 size = self._int(0, hi - lo, f"sz{t}", max(0, min(max(hb, lo), hi) - min(max(ha, lo), hi)))
-                self.m.add(size == b2 - a2)
-                intervals.append(self.m.new_interval_var(a2, size, b2, f"res{t}"))
+                self.cp.add(size == b2 - a2)
+                intervals.append(self.cp.new_interval_var(a2, size, b2, f"res{t}"))
                 demands.append(ti.units)
         for o in self.start:
             if p.ops[o].ws:
@@ -494,15 +497,15 @@ class Model:
         base = min((lvl for _s, _e, lvl in profile), default=0)
         for s, e, lvl in profile:
             if lvl > base:
-                intervals.append(self.m.new_fixed_size_interval_var(s, e - s, f"mem{s}"))
+                intervals.append(self.cp.new_fixed_size_interval_var(s, e - s, f"mem{s}"))
                 demands.append(lvl - base)
         self.mem_base = base
         cap = p.capacity - base
         if self.objective == "peak":
-            self.P = self._int(0, max(0, cap), "peak", max(0, cap))
-            self.m.add_cumulative(intervals, demands, self.P)
+            self.peak = self._int(0, max(0, cap), "peak", max(0, cap))
+            self.cp.add_cumulative(intervals, demands, self.peak)
         elif intervals:
-            self.m.add_cumulative(intervals, demands, max(0, cap))
+            self.cp.add_cumulative(intervals, demands, max(0, cap))
 
     def _clip(self, x, hint: int):
         """``x`` clamped to the region [lo, hi] (a new variable only when x's domain reaches outside it)."""
@@ -512,11 +515,11 @@ class Model:
         dlo, dhi = self.dom.get(x.index, (lo, hi))
         if dlo < lo:
             v = self._int(lo, hi, "clip", min(max(hint, lo), hi))
-            self.m.add_max_equality(v, [x, lo])
+            self.cp.add_max_equality(v, [x, lo])
             x, dlo = v, lo
         if dhi > hi:
             v = self._int(dlo, hi, "clip", min(max(hint, lo), hi))
-            self.m.add_min_equality(v, [x, hi])
+            self.cp.add_min_equality(v, [x, hi])
             x = v
         return x
 
@@ -526,16 +529,16 @@ class Model:
         if ti.producer is not None:
             cur = self.st(ti.producer)
         elif ti.starts_remote or ti.free:
-            cur = self.Y[ti.gaps[0]] if ti.gaps[0] in self.Y else self.f.inc.Y[ti.gaps[0]]
+            cur = self.prefetch[ti.gaps[0]] if ti.gaps[0] in self.prefetch else self.f.inc.prefetch[ti.gaps[0]]
         else:
             cur = 0
         out = []
         for g in gaps:
-            out.append((cur, self.X[g] if g in self.X else self.f.inc.X[g]))
-            cur = self.Y[g] if g in self.Y else self.f.inc.Y[g]
-        end = p.horizon if ti.until_end else self.F.get(ti.index, self.f.inc.F.get(ti.index, 0))
-        if not ti.until_end and ti.index not in self.F:
-            end = self.f.inc.F[ti.index]
+            out.append((cur, self.detach[g] if g in self.detach else self.f.inc.detach[g]))
+            cur = self.prefetch[g] if g in self.prefetch else self.f.inc.prefetch[g]
+        end = p.horizon if ti.until_end else self.freed.get(ti.index, self.f.inc.freed.get(ti.index, 0))
+        if not ti.until_end and ti.index not in self.freed:
+            end = self.f.inc.freed[ti.index]
         out.append((cur, end))
         return out
 
@@ -543,7 +546,7 @@ class Model:
     def _ends(self) -> None:
         """A tensor freed after its last use is freed exactly then: F = the latest end of its users."""
         p = self.p
-        for t, F in self.F.items():
+        for t, F in self.freed.items():
             ti = p.tensors[t]
             ends = [self.en(u) for u in ti.users]
             if ti.producer is not None:
@@ -553,9 +556,9 @@ class Model:
             if const is not None:
                 var.append(const)
             if len(var) == 1:
-                self.m.add(F == var[0])
+                self.cp.add(F == var[0])
             else:
-                self.m.add_max_equality(F, var)
+                self.cp.add_max_equality(F, var)
 
     def _detach_times(self) -> None:
         """The Detach goes as early as it can (later only holds HBM longer): X = the end of the last user before
@@ -564,7 +567,7 @@ class Model:
         for t in self.touched:
             for g in p.tensors[t].gaps:
                 gap = p.gaps[g]
-                X, b = self.X.get(g), self.b[g]
+                X, b = self.detach.get(g), self.offload[g]
                 if gap.kind == "init" or _const(X):
                     continue
                 ends = [self.en(u) for u in gap.before] or [0]
@@ -579,11 +582,11 @@ class Model:
                 else:
                     self.eq(X, last, [b.Not()])
                 sl = p.slots[gap.slot]
-                S = self.S[gap.slot]
+                S = self.store_start[gap.slot]
                 # A free tensor that starts remote needs no Store of its first version: then X = the users' end.
                 unless = []
                 if gap.store_unless_placed:
-                    placed = self.b[p.tensors[gap.tensor].placement_gap]
+                    placed = self.offload[p.tensors[gap.tensor].placement_gap]
                     if _const(placed):
                         if placed:
                             self.eq(X, last)
@@ -591,10 +594,10 @@ class Model:
                     else:
                         self.eq(X, last, [placed])
                         unless = [placed.Not()]
-                for r, lit in self.pr[g].items():
+                for r, lit in self.offload_to[g].items():
                     if _const(lit) and lit == 0:
                         continue
-                    hint = max(users_end, inc.S[gap.slot] + sl.store[r])
+                    hint = max(users_end, inc.store_start[gap.slot] + sl.store[r])
                     # A Store that is not made may still sit late (its writer's end): leave room past the horizon.
                     xr = self._max(ends + [S + sl.store[r]], f"Xr{g}_{r}", hint, hi=self.p.horizon + sl.store[r])
                     self.eq(X, xr, [lit] + unless)
@@ -609,7 +612,7 @@ class Model:
         if len(var) == 1 and not const:
             return var[0]
         v = self._int(0, self.p.horizon if hi is None else hi, name, hint)
-        self.m.add_max_equality(v, var + ([max(const)] if const else []))
+        self.cp.add_max_equality(v, var + ([max(const)] if const else []))
         return v
 
     # ------------------------------------------------------------------ objective
@@ -625,31 +628,31 @@ class Model:
                 if o not in self.start:
                     floor = max(floor, op_end(p, inc, o))
         top = p.horizon if f.final else f.ops_end
-        self.M = self._int(floor, top, "makespan", max(hint_m, floor, _hint_end(p, inc, self) if f.final else 0))
+        self.makespan = self._int(floor, top, "makespan", max(hint_m, floor, _hint_end(p, inc, self) if f.final else 0))
         for e in ends:
-            self.le(e, self.M)
+            self.le(e, self.makespan)
         if f.final:
             # A tensor fetched back before the step ends (a back gap) is there by the makespan.
-            for g, lits in self.pr.items():
+            for g, lits in self.offload_to.items():
                 gap = p.gaps[g]
-                if gap.kind == "back" and not _const(self.Y[g]):
+                if gap.kind == "back" and not _const(self.prefetch[g]):
                     for r, lit in lits.items():
-                        self.le(self.Y[g] + gap.fetch[r], self.M, [lit])
-            for s, q in self.q.items():
+                        self.le(self.prefetch[g] + gap.fetch[r], self.makespan, [lit])
+            for s, q in self.store_to.items():
                 sl = p.slots[s]
                 if any(p.gaps[g].kind == "end" for g in sl.gaps):
                     for r, lit in q.items():
-                        self.le(self.S[s] + sl.store[r], self.M, [lit])
+                        self.le(self.store_start[s] + sl.store[r], self.makespan, [lit])
         if self.makespan_limit is not None:
-            self.m.add(self.M <= self.makespan_limit)
+            self.cp.add(self.makespan <= self.makespan_limit)
         tie = sum(v * w for v, w in self.tie_terms) if self.tie_terms else 0
         tie_max = sum(w for _v, w in self.tie_terms)
         if self.objective == "peak":
-            self.m.minimize(self.P * (top + 1) + self.M)
+            self.cp.minimize(self.peak * (top + 1) + self.makespan)
         elif self.tie_weight and self.tie_terms:
-            self.m.minimize(self.M * (tie_max + 1) + tie)
+            self.cp.minimize(self.makespan * (tie_max + 1) + tie)
         else:
-            self.m.minimize(self.M)
+            self.cp.minimize(self.makespan)
         self.tie_max = tie_max
 
     def objective_to_makespan(self, value: float) -> float:
@@ -662,9 +665,9 @@ class Model:
 
     # ------------------------------------------------------------------ hint and read
     def add_hints(self) -> int:
-        self.m.clear_hints()
+        self.cp.clear_hints()
         for v, val in self.hints:
-            self.m.add_hint(v, val)
+            self.cp.add_hint(v, val)
         return len(self.hints)
 
     def read(self, values: list[int]) -> Assignment:
@@ -677,27 +680,27 @@ class Model:
 
         for o, s in self.start.items():
             a.start[o] = val(s)
-        for g in self.b:
+        for g in self.offload:
             gap = p.gaps[g]
-            tier = next((r for r, lit in self.pr[g].items() if val(lit)), None)
+            tier = next((r for r, lit in self.offload_to[g].items() if val(lit)), None)
             if tier is None:
                 a.off.pop(g, None)
             else:
                 a.off[g] = tier
-            if g in self.X:
-                a.X[g] = val(self.X[g])
-            a.Y[g] = val(self.Y[g])
+            if g in self.detach:
+                a.detach[g] = val(self.detach[g])
+            a.prefetch[g] = val(self.prefetch[g])
             if gap.kind == "end" and tier is not None:
-                a.Y[g] = p.horizon
-        for s, q in self.q.items():
+                a.prefetch[g] = p.horizon
+        for s, q in self.store_to.items():
             tier = next((r for r, lit in q.items() if val(lit)), None)
             if tier is None:
                 a.store.pop(s, None)
             else:
                 a.store[s] = tier
-            a.S[s] = val(self.S[s])
-        for t, F in self.F.items():
-            a.F[t] = val(F)
+            a.store_start[s] = val(self.store_start[s])
+        for t, F in self.freed.items():
+            a.freed[t] = val(F)
         return a
 
 

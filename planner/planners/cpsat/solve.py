@@ -477,8 +477,8 @@ def _whole(run: Run, p: Problem, asg: Assignment, objective: str, limit_ticks, l
     m = Model(p, frame, objective=objective, makespan_limit=limit_ticks)
     m.add_hints()
     run.stats["build_s"] = round(time.monotonic() - t, 3)
-    run.stats["variables"] = len(m.m.proto.variables)
-    run.stats["constraints"] = len(m.m.proto.constraints)
+    run.stats["variables"] = len(m.cp.proto.variables)
+    run.stats["constraints"] = len(m.cp.proto.constraints)
     wall = run.left()
     if wall <= 0.2:
         run.notes.append("no time left for CP-SAT after building the model")
@@ -493,7 +493,7 @@ def _whole(run: Run, p: Problem, asg: Assignment, objective: str, limit_ticks, l
         run.report(phase="solve", incumbent_us=_us(p, m, obj), bound_us=_us(p, m, bound))
 
     run.log(f"# cpsat: the whole model ({len(p.ops)} ops, {run.stats['variables']} variables)")
-    res = worker.solve(m.m, params, wall, on_progress, on_log=run.log_sink if log else None)
+    res = worker.solve(m.cp, params, wall, on_progress, on_log=run.log_sink if log else None)
     run.det_used += res.deterministic_time
     run.stats.update(status=res.status, solver_wall_s=round(res.wall_s, 3),
                      deterministic_time=round(res.deterministic_time, 3), solutions=res.solutions, model="whole")
