@@ -49,6 +49,7 @@ from planner.planners import PLANNERS
 from planner.planners.greedy import plan_greedy
 from planner.planners.greedy_sweep import grid_points
 from planner.planners.none import plan_none
+from planner.quality import solver_outcome
 from planner.report.paper import phase_latencies
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -269,7 +270,7 @@ def run_case(case: Case, fractions=FRACTIONS, planners=("greedy", "cpsat"), time
             tl = simulate(graph, hw, plan)
             m = tl.metrics
             row.update(
-                planner_run=label, valid=tl.valid, status=plan.status, makespan_us=m.makespan_ns / 1000,
+                planner_run=label, valid=tl.valid, status=str(plan.status), makespan_us=m.makespan_ns / 1000,
                 overhead=m.makespan_ns / ref.metrics.makespan_ns - 1 if ref.metrics.makespan_ns else 0.0,
                 peak_hbm_bytes=m.peak_bytes[HBM], bytes_moved=sum(m.bytes_moved.values()),
                 gap_vs_bound=bounds.gap(m.makespan_ns, lb.value) if tl.valid else None,
@@ -282,11 +283,10 @@ def run_case(case: Case, fractions=FRACTIONS, planners=("greedy", "cpsat"), time
             ex = plan.stats.get("exact") if isinstance(plan.stats, dict) else None
             if ex and ex.get("optimum_ns") is not None:
                 row["optimum_us"] = ex["optimum_ns"] / 1000
-            st = plan.stats.get("cpsat") if isinstance(plan.stats, dict) else None
-            if st:
-                row["cpsat"] = {k: st.get(k) for k in (
-                    "model", "status", "optimal", "windows_accepted", "start_planner", "start_makespan_us",
-                    "model_bound_us", "gap_vs_model_bound", "hint_feasible") if k in st}
+            outcome = solver_outcome(plan)
+            if outcome is not None:
+                row["solver"] = {**outcome.to_dict(), "model_optimal": outcome.model_optimal,
+                                 "start_planner": outcome.start_planner, "start_makespan_us": outcome.start_makespan_us}
                 row["notes"] = list(plan.notes)
             rows.append(row)
     return rows

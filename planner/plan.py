@@ -20,6 +20,19 @@ class StepKind(str, Enum):
     DETACH = "detach"  # drop the HBM copy (instant)
 
 
+class PlanStatus(str, Enum):
+    """What a planner says of its plan. ``infeasible``: no plan fits (the notes say why; the steps are the closest
+    attempt); ``optimal``: proven optimal over every plan (``exact``); ``feasible``: neither. The executor has the
+    last word on validity either way."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    FEASIBLE = "feasible"
+    INFEASIBLE = "infeasible"
+    OPTIMAL = "optimal"
+
+
 @dataclass(frozen=True)
 class Step:
     """One program step. ``target`` is an op name (compute) or a tensor name (cache ops).
@@ -41,7 +54,7 @@ class Plan:
     steps: tuple[Step, ...]
     planner: str
     options: dict = field(default_factory=dict)
-    status: str = "feasible"
+    status: PlanStatus = PlanStatus.FEASIBLE
     notes: tuple[str, ...] = ()
     stats: dict = field(default_factory=dict)
     # Static HBM offsets, keyed by allocation name (``timeline.Residency.name``: a tensor, or ``workspace:OP``):

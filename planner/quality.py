@@ -13,15 +13,13 @@ schedule file's ``quality``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 from planner.bounds import gap, makespan_bound
 from planner.graph import Graph
 from planner.hardware import Hardware
-from planner.plan import Plan
+from planner.plan import Plan, PlanStatus
 from planner.timeline import Timeline
-
-# What each planner proves about its plan when it says nothing more (cpsat and exact say more, see ``proof``).
-HEURISTIC = "heuristic"
 
 # Why cpsat's search stopped (``Plan.stats["cpsat"]["stop"]``), and how the summary and report say it.
 STOP_REASONS = {
@@ -36,6 +34,32 @@ STOP_REASONS = {
 }
 
 
+class SolveStatus(str, Enum):
+    """How a solver's search ended for the plan it returned: ``optimal`` (proven: over every plan by the exact
+    search or the compute bound, or CP-SAT proved its model's optimum and this is that solution), ``feasible`` (a
+    solution it found, not proven optimal) or ``fallback`` (the starting plan: the search found nothing better
+    or nothing valid)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    OPTIMAL = "optimal"
+    FEASIBLE = "feasible"
+    FALLBACK = "fallback"
+
+
+class Proof(str, Enum):
+    """What a planner proved about its plan (``proof``)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    OPTIMAL = "optimal"  # over every plan of the executor's model
+    MODEL_OPTIMAL = "model-optimal"  # CP-SAT's optimum for its model (one order, scaled times and sizes)
+    FEASIBLE = "feasible"  # a solver stopped before proving anything
+    HEURISTIC = "heuristic"  # what greedy, reactive and none claim when they say nothing more: nothing
+
+
 @dataclass(frozen=True)
 class SolverOutcome:
     """How cpsat's search ended. ``status``: ``optimal`` (proven: over every plan by the exact search or the compute
@@ -43,7 +67,7 @@ class SolverOutcome:
     not proven optimal) or ``fallback`` (the starting plan: the search found nothing better or nothing valid).
     The model bound and gap are CP-SAT's for its scaled model (whole models only): not a bound for every plan."""
 
-    status: str
+    status: SolveStatus
     stop_reason: str  # a key of STOP_REASONS
     plan_from: str  # cpsat, the exact search, or the starting planner (greedy, reactive, none, ...)
     model: str  # whole, lns or none
@@ -53,6 +77,10 @@ class SolverOutcome:
     model_gap: float | None  # (objective - bound) / bound, in the model
     windows: int | None  # LNS windows solved, and accepted
     windows_accepted: int | None
+    model_optimal: bool = False  # CP-SAT proved its model's optimum (for the plan returned or the start it kept)
+    start_planner: str | None = None  # the starting plan's planner, and its makespan
+    start_makespan_us: float | None = None
+    search_s: float | None = None  # wall seconds of the whole run: not in ``to_dict`` (files stay byte-identical)
 
     @property
     def interrupted(self) -> bool:
@@ -60,16 +88,24 @@ class SolverOutcome:
 
     def to_dict(self) -> dict:
         """JSON-ready, with no wall-clock figure (schedule files stay byte-identical for the same input)."""
-        return {"status": self.status, "stop_reason": self.stop_reason, "plan_from": self.plan_from,
+        return {"status": self.status.value, "stop_reason": self.stop_reason, "plan_from": self.plan_from,
                 "model": self.model, "cp_sat_status": self.cp_sat_status,
                 "objective_us": _round(self.objective_us, 3), "model_bound_us": _round(self.model_bound_us, 3),
                 "model_gap": _round(self.model_gap, 6), "windows": self.windows,
                 "windows_accepted": self.windows_accepted}
 
+    @classmethod
+    def from_dict(cls, d: dict) -> SolverOutcome:
+        """The outcome ``to_dict`` wrote (the summary holds that dict: it is what ``--json`` prints)."""
+        fields = {k: d.get(k) for k in ("stop_reason", "plan_from", "model", "cp_sat_status", "objective_us",
+                                        "model_bound_us", "model_gap", "windows", "windows_accepted")}
+        return cls(SolveStatus(d["status"]), **fields)
+
     def describe(self) -> str:
         """One line: ``feasible · stopped: time limit · CP-SAT's bound on its scaled model 61.4 ms (gap 79.5%)``."""
-        head = self.status if self.status != "fallback" else f"fallback to the starting plan ({self.plan_from})"
-        if self.status == "optimal" and self.plan_from != "cpsat":
+        head = (self.status.value if self.status is not SolveStatus.FALLBACK
+                else f"fallback to the starting plan ({self.plan_from})")
+        if self.status is SolveStatus.OPTIMAL and self.plan_from != "cpsat":
             head += f" ({self.plan_from}'s plan)"
         parts = [head, "stopped: " + STOP_REASONS.get(self.stop_reason, self.stop_reason)]
         if self.model_bound_us is not None:
@@ -94,11 +130,11 @@ def solver_outcome(plan: Plan) -> SolverOutcome | None:
     # The compute bound and the exact optimum are makespans: they prove nothing about the peak objective.
     makespan_objective = plan.options.get("objective", "makespan") == "makespan"
     if (makespan_objective and _proven_every_plan(st)) or _proven_in_model(st):
-        status = "optimal"
+        status = SolveStatus.OPTIMAL
     elif returned == "start":
-        status = "fallback"
+        status = SolveStatus.FALLBACK
     else:
-        status = "feasible"
+        status = SolveStatus.FEASIBLE
     stop = st.get("stop") or ("optimal" if st.get("status") == "OPTIMAL" else "time_limit")
     bound, objective = st.get("model_bound_us"), st.get("objective_us")
     model_gap = None
@@ -107,7 +143,9 @@ def solver_outcome(plan: Plan) -> SolverOutcome | None:
     lns = st.get("lns") if isinstance(st.get("lns"), dict) else None
     return SolverOutcome(status, str(stop), str(plan_from), str(st.get("model", "none")), st.get("status"),
                          objective, bound if st.get("model") == "whole" else None, model_gap,
-                         lns["windows"] if lns else None, lns["accepted"] if lns else None)
+                         lns["windows"] if lns else None, lns["accepted"] if lns else None,
+                         model_optimal=bool(st.get("optimal")), start_planner=st.get("start_planner"),
+                         start_makespan_us=st.get("start_makespan_us"), search_s=st.get("runtime_s"))
 
 
 def _proven_every_plan(st: dict) -> bool:
@@ -133,33 +171,33 @@ class Quality:
     bound_ns: float  # a makespan lower bound that holds for every plan
     bound_reason: str
     gap_vs_bound: float | None  # (makespan - bound) / bound
-    proof: str  # see ``proof``
+    proof: Proof
     solver: SolverOutcome | None = None  # cpsat's: how its search ended
 
     def to_dict(self) -> dict:
         d = {"lower_bound_us": round(self.bound_ns / 1000, 3), "lower_bound_reason": self.bound_reason,
              "gap_vs_bound": None if self.gap_vs_bound is None else round(self.gap_vs_bound, 6),
-             "proof": self.proof}
+             "proof": self.proof.value}
         if self.solver is not None:
             d["solver"] = self.solver.to_dict()
         return d
 
 
-def proof(plan: Plan) -> str:
+def proof(plan: Plan) -> Proof:
     """What the planner proved about its plan: ``optimal`` (exact; or cpsat on graphs small enough that it runs
     the exact search too: over every order and plan of the executor's model), ``model-optimal`` (cpsat: CP-SAT
     proved its model's optimum, which fixes the starting order and scales times and sizes, so not a proof for
     every plan), ``feasible`` (a solver stopped before proving anything), or ``heuristic`` (greedy, reactive,
     none)."""
     if plan.planner == "exact":
-        return "optimal" if plan.status == "optimal" else "feasible"
+        return Proof.OPTIMAL if plan.status is PlanStatus.OPTIMAL else Proof.FEASIBLE
     cp = plan.stats.get("cpsat")
     if isinstance(cp, dict):
         if _proven_every_plan(cp):
-            return "optimal"
+            return Proof.OPTIMAL
         # A starting plan CP-SAT proved no faster solution than (in its model) is model-optimal too.
-        return "model-optimal" if cp.get("optimal") and not cp.get("slower_solution_placed") else "feasible"
-    return HEURISTIC
+        return Proof.MODEL_OPTIMAL if cp.get("optimal") and not cp.get("slower_solution_placed") else Proof.FEASIBLE
+    return Proof.HEURISTIC
 
 
 def plan_quality(graph: Graph, hw: Hardware, plan: Plan, timeline: Timeline) -> Quality:
@@ -175,4 +213,5 @@ def plan_quality(graph: Graph, hw: Hardware, plan: Plan, timeline: Timeline) -> 
     return Quality(value, reason, measured, proof(plan), solver_outcome(plan))
 
 
-__all__ = ["HEURISTIC", "STOP_REASONS", "Quality", "SolverOutcome", "plan_quality", "proof", "solver_outcome"]
+__all__ = ["STOP_REASONS", "Proof", "Quality", "SolveStatus", "SolverOutcome", "plan_quality", "proof",
+           "solver_outcome"]

@@ -17,7 +17,7 @@ from planner.formats.hograph import graph_sha256
 from planner.graph import Graph
 from planner.hardware import Hardware
 from planner.placement import HOMES_KEY, apply_homes
-from planner.plan import COMPUTE, Plan, Step, StepKind
+from planner.plan import COMPUTE, Plan, PlanStatus, Step, StepKind
 from planner.timeline import Timeline
 
 FORMAT = "ho-schedule/1"
@@ -48,7 +48,7 @@ def schedule_to_dict(graph: Graph, hw: Hardware, plan: Plan, timeline: Timeline)
         "planner": {
             "name": plan.planner,
             "options": plan.options,
-            "status": plan.status,
+            "status": str(plan.status),
             "notes": list(plan.notes),
         },
         "valid": timeline.valid,
@@ -129,7 +129,11 @@ def plan_from_dict(doc: dict, source: str) -> Plan:
             if not isinstance(e.get("tensor"), str) or not isinstance(e.get("tier"), str):
                 raise InputError(source, f"placement[{j}]", "needs a tensor name and a tier name")
             placement[e["tensor"]] = e["tier"]
-        return Plan(doc["graph"]["name"], tuple(steps), p["name"], dict(p.get("options", {})), p.get("status", ""),
+        status = p.get("status", PlanStatus.FEASIBLE.value)
+        if status not in {s.value for s in PlanStatus}:
+            raise InputError(source, "planner.status", f"{status!r} is not a plan status "
+                             f"({', '.join(s.value for s in PlanStatus)})")
+        return Plan(doc["graph"]["name"], tuple(steps), p["name"], dict(p.get("options", {})), PlanStatus(status),
                     tuple(p.get("notes", ())), offsets=offsets, placement=placement)
     except InputError:
         raise

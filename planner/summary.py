@@ -25,7 +25,7 @@ def summary_dict(graph: Graph, hw: Hardware, result: Result, schedule_path: str 
         "tensors": len(graph.tensors),
         "hardware": hw.name,
         "planner": result.plan.planner,
-        "status": result.plan.status,
+        "status": str(result.plan.status),
         "valid": result.timeline.valid,
         "violations": [v.describe() for v in result.timeline.violations],
         "hbm_budget_bytes": hw.hbm_bytes,
@@ -87,7 +87,7 @@ def summary_table(d: dict) -> Table:
     solver = d.get("solver")
     if solver:
         # cpsat: whether the plan is proven, CP-SAT's own or the starting plan, and why the search stopped.
-        table.add_row("solver outcome", escape(SolverOutcome(**_outcome_fields(solver)).describe()))
+        table.add_row("solver outcome", escape(SolverOutcome.from_dict(solver).describe()))
     table.add_row("compute stall", format_time_us(d["stall_us"]) + (
         f" (no offload: {format_time_us(d['no_offload_stall_us'])})" if d.get("no_offload_stall_us") else ""))
     table.add_row("transfer hidden behind compute", f"{d['hidden_transfer_share']:.1%}")
@@ -108,12 +108,6 @@ def summary_table(d: dict) -> Table:
     if d["schedule"]:
         table.add_row("schedule", d["schedule"])
     return table
-
-
-def _outcome_fields(d: dict) -> dict:
-    """SolverOutcome's fields from its ``to_dict()`` (the summary holds the dict: it is what --json prints)."""
-    keys = SolverOutcome.__dataclass_fields__
-    return {k: d.get(k) for k in keys}
 
 
 # -- the tensor view (--tensors): rows shared by the rich tables here and report.md -----------------------------

@@ -31,7 +31,7 @@ from planner.errors import InputError
 from planner.executor import simulate
 from planner.graph import Graph
 from planner.hardware import Hardware
-from planner.plan import Plan
+from planner.plan import Plan, PlanStatus
 from planner.planners.cpsat import worker
 from planner.planners.cpsat.data import Scale, build_problem, canonical
 from planner.planners.cpsat.decode import plan_from_assignment
@@ -91,19 +91,21 @@ def plan_exact(graph: Graph, hw: Hardware, time_limit: float = 60.0, max_orders:
                        "optimum_ns": optimum if proven else None, "best_found_ns": None if best is None else best[0]}}
     options = {"time_limit": float(time_limit)}
     if best is None:
-        return Plan(graph.name, (), "exact", options, "infeasible",
+        return Plan(graph.name, (), "exact", options, PlanStatus.INFEASIBLE,
                     ("no order gave a plan the executor accepts within the time limit",), stats)
     if not proven:
-        status, note = "feasible", ("the time limit stopped the search before every order was proven optimal: the "
-                                    "best plan found, not proven")
+        status = PlanStatus.FEASIBLE
+        note = ("the time limit stopped the search before every order was proven optimal: the best plan found, "
+                "not proven")
     elif best[0] <= optimum:
-        status, note = "optimal", ("optimal over every order and every plan of the model's space "
-                                   "(planner/planners/exact.py)")
+        status = PlanStatus.OPTIMAL
+        note = "optimal over every order and every plan of the model's space (planner/planners/exact.py)"
     else:
         # The decoded program runs a little later than the model's times (rounding of waits): the optimum is
         # proven, this plan is within best - optimum of it.
-        status, note = "feasible", (f"the optimum is {optimum} ns (proven); the decoded plan runs {best[0] - optimum} "
-                                    "ns later in the executor")
+        status = PlanStatus.FEASIBLE
+        note = (f"the optimum is {optimum} ns (proven); the decoded plan runs {best[0] - optimum} ns later in the "
+                "executor")
     return replace(best[1], planner="exact", options=options, status=status, notes=(note,), stats=stats)
 
 

@@ -20,7 +20,7 @@ the budget (fragmentation), it plans again against a budget lowered by the exces
 from the second retry on; three times at most) and keeps that plan if it is no slower than the first plan under
 the caching allocator (defragmentation delays included); otherwise the first plan, with the caching allocator.
 
-It reports ``status="infeasible"`` with a note when no plan can fit: the budget is below an op's working set
+It reports ``status=PlanStatus.INFEASIBLE`` with a note when no plan can fit: the budget is below an op's working set
 (the lower bound ``planner.bounds.largest_working_set``), or the remote tiers have no room for what must leave.
 """
 
@@ -36,7 +36,7 @@ from planner.hardware import HBM, Hardware
 from planner.offsets_cpsat import offsets_within
 from planner.orders import live_bytes, named_order
 from planner.placement import plan_placement
-from planner.plan import COMPUTE, Plan, ProgramBuilder
+from planner.plan import COMPUTE, Plan, PlanStatus, ProgramBuilder
 from planner.planned import Planned
 from planner.planners.greedy_select import Context, Gap, select_gaps
 from planner.planners.none import plan_none
@@ -111,7 +111,7 @@ def auto_contexts(graph: Graph, hw: Hardware) -> list[Context]:
 def rank_planned(planned: Planned) -> tuple:
     """Sort key: valid plans first, then the faster, then the first given (``min`` keeps the first of equals)."""
     tl = planned.timeline
-    return (not (tl.valid and planned.plan.status == "feasible"), tl.metrics.makespan_ns)
+    return (not (tl.valid and planned.plan.status == PlanStatus.FEASIBLE), tl.metrics.makespan_ns)
 
 
 def _flag(value) -> bool:
@@ -141,11 +141,11 @@ def planned_with_context(ctx: Context, settings: Settings, offsets: bool = True,
     plan = out.plan
     # Cheap necessary conditions first (the no-offload program and its run cost seconds on 30k-op graphs): the
     # no-offload order's live bytes without what starts remote, and what that program holds when the step ends.
-    if (plan.status != "feasible" or no_offload_end_bytes(ctx.graph) > ctx.hw.hbm_bytes
+    if (plan.status != PlanStatus.FEASIBLE or no_offload_end_bytes(ctx.graph) > ctx.hw.hbm_bytes
             or max(live_bytes(ctx.graph, ctx.order, remote_resident=False)) > ctx.hw.hbm_bytes):
         return out
     nothing = plan_none(ctx.graph, ctx.hw, order=ctx.order_name)
-    if nothing.status != "feasible":
+    if nothing.status != PlanStatus.FEASIBLE:
         return out
     ours, theirs = out.timeline, simulate(ctx.graph, ctx.hw, nothing)
     if not theirs.valid or (ours.valid and ours.metrics.makespan_ns <= theirs.metrics.makespan_ns):
@@ -173,7 +173,7 @@ def _plan_offloading(ctx: Context, settings: Settings, offsets: bool, name: str,
         plan = build_plan(ctx, settings, budget, name)  # infeasible: say why
         return Planned(plan, simulate(g, hw, plan))
     plan, timeline = _plan_checked(ctx, settings, budget, name)
-    if not offsets or plan.status != "feasible" or not timeline.valid:
+    if not offsets or plan.status != PlanStatus.FEASIBLE or not timeline.valid:
         return Planned(plan, simulate(g, hw, plan))
     first = plan
     static: Plan | None = None
@@ -207,7 +207,7 @@ def _plan_offloading(ctx: Context, settings: Settings, offsets: bool, name: str,
                 out_of_time = True
                 break
         candidate, cand_tl = _plan_checked(ctx, settings, budget, name)
-        if candidate.status != "feasible" or not cand_tl.valid:
+        if candidate.status != PlanStatus.FEASIBLE or not cand_tl.valid:
             break
         plan, timeline = candidate, cand_tl
     # ``timeline`` is the run of ``static``'s program (offsets change no time): only the offset checks are new.
@@ -234,9 +234,9 @@ def _plan_checked(ctx: Context, settings: Settings, budget: int, name: str) -> t
     """Plan against ``budget`` and time the plan (no allocator model); an invalid plan becomes infeasible."""
     plan = build_plan(ctx, settings, budget, name)
     timeline = simulate(ctx.graph, ctx.hw, plan, allocator=False)
-    if timeline.violations and plan.status == "feasible":
+    if timeline.violations and plan.status == PlanStatus.FEASIBLE:
         shown = "; ".join(v.describe() for v in timeline.violations[:3])
-        plan = replace(plan, status="infeasible",
+        plan = replace(plan, status=PlanStatus.INFEASIBLE,
                        notes=plan.notes + (f"the executor rejects the greedy plan: {shown}",))
     return plan, timeline
 
@@ -262,17 +262,17 @@ def build_plan(ctx: Context, settings: Settings, budget: int, name: str = "greed
         if all(g.selected for g in gaps):
             break
         gaps = [g for g in gaps if g.selected]
-    status = "feasible"
+    status = PlanStatus.FEASIBLE
     initial = initial_hbm_bytes(ctx.graph)
     if initial > budget:
-        status = "infeasible"
+        status = PlanStatus.INFEASIBLE
         notes.append(
             f"{format_bytes_exact(initial)} start on HBM and are still needed, over the budget of "
             f"{format_bytes_exact(budget)}: no plan can fit "
             "(none of it can leave HBM at time 0)"
         )
     elif over:
-        status = "infeasible"
+        status = PlanStatus.INFEASIBLE
         op = ctx.ops[worst]
         ws = ctx.graph.working_set(op)
         if ws > budget:

@@ -18,7 +18,7 @@ from planner.bounds import hbm_floor
 from planner.executor import simulate
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
-from planner.plan import Plan
+from planner.plan import Plan, PlanStatus
 from planner.planners.greedy import (
     DEFAULTS,
     Settings,
@@ -83,7 +83,7 @@ def plan_greedy_sweep(
                 continue
             seen.add(plan.steps)
             tl = simulate(graph, hw, plan, allocator=False)
-            if plan.status != "feasible" or not tl.valid:
+            if plan.status != PlanStatus.FEASIBLE or not tl.valid:
                 continue
             ranked.append((tl.metrics.makespan_ns, tl.metrics.peak_bytes[HBM], c, k))
     ranked.sort()

@@ -10,7 +10,7 @@ from planner.graph import Graph
 from planner.hardware import HBM, Hardware
 from planner.orders import named_order
 from planner.placement import plan_placement, with_placement
-from planner.plan import Plan, ProgramBuilder
+from planner.plan import Plan, PlanStatus, ProgramBuilder
 from planner.units import format_bytes_exact
 
 
@@ -25,7 +25,7 @@ def plan_none(graph: Graph, hw: Hardware, order: str = "auto") -> Plan:
     # None never offloads: when its own peak is over the budget, no plan of this planner fits. Say so.
     peak = simulate(graph, hw, plan, allocator=False).metrics.peak_bytes.get(HBM, 0)
     if peak > hw.hbm_bytes:
-        return replace(plan, status="infeasible", notes=(
+        return replace(plan, status=PlanStatus.INFEASIBLE, notes=(
             f"the no-offload peak is {format_bytes_exact(peak)}, over the HBM budget of "
             f"{format_bytes_exact(hw.hbm_bytes)}; none never offloads "
             "(every tensor whose tier it may choose starts on HBM)",

@@ -28,7 +28,7 @@ from planner.graph import Graph
 from planner.hardware import HBM, Hardware
 from planner.orders import best_no_offload_order, live_bytes
 from planner.placement import Placement, plan_placement, with_placement
-from planner.plan import COMPUTE, Plan, ProgramBuilder
+from planner.plan import COMPUTE, Plan, PlanStatus, ProgramBuilder
 from planner.planners.none import no_offload_program
 from planner.units import format_bytes_exact
 
@@ -120,7 +120,7 @@ def plan_reactive(graph: Graph, hw: Hardware, lookahead: int = 0) -> Plan:
     pb = ProgramBuilder()
     clock = 0
     notes: list[str] = []
-    status = "feasible"
+    status = PlanStatus.FEASIBLE
     # A runtime frees at once what nothing will read (reference count zero): tensors that start on HBM, are never
     # used and do not outlive the step.
     for name in sorted(mem.resident):
@@ -130,7 +130,7 @@ def plan_reactive(graph: Graph, hw: Hardware, lookahead: int = 0) -> Plan:
             mem.used -= graph.tensors[name].bytes
     needed_at_start = mem.used
     if needed_at_start > hw.hbm_bytes:
-        status = "infeasible"
+        status = PlanStatus.INFEASIBLE
         notes.append(f"{format_bytes_exact(needed_at_start)} start on HBM and are still needed, over the budget of "
                      f"{format_bytes_exact(hw.hbm_bytes)}")
     prev_compute: int | None = None
@@ -195,7 +195,7 @@ def plan_reactive(graph: Graph, hw: Hardware, lookahead: int = 0) -> Plan:
         new = sum(size(t) for t in missing) + sum(size(t) for t in op.outputs) + op.workspace_bytes
         frees: list[int] = []
         if not make_room(new, set(op.reads), i, frees):
-            status = "infeasible"
+            status = PlanStatus.INFEASIBLE
             notes.append(f"op {name!r}: cannot make room for {format_bytes_exact(new)} on HBM (budget "
                          f"{format_bytes_exact(mem.budget)})")
         base = [prev_compute] if prev_compute is not None else []
@@ -231,7 +231,7 @@ def plan_reactive(graph: Graph, hw: Hardware, lookahead: int = 0) -> Plan:
         frees = []
         if name not in mem.resident:
             if not make_room(size(name), on_hbm, n, frees):
-                status = "infeasible"
+                status = PlanStatus.INFEASIBLE
                 notes.append(f"tensor {name!r}: no room on HBM to bring it back before the step ends")
                 continue
             fetch(name, base + frees)

@@ -29,6 +29,7 @@ from planner.hardware import HBM, Hardware
 from planner.placement import bytes_by_kind
 from planner.plan import Plan
 from planner.planners import REGISTRY, REPORT_PLANNERS
+from planner.quality import solver_outcome
 from planner.timeline import Timeline
 
 # Row statuses.
@@ -142,11 +143,12 @@ def metrics_row(base: dict, hw: Hardware, plan: Plan, tl: Timeline, reference: T
     m = tl.metrics
     ref = reference.metrics.makespan_ns
     bound_us = bounds["makespan_us"]["value"]
+    outcome = solver_outcome(plan)
     makespan_us = m.makespan_ns / 1000
     row = dict(base)
     row.update({
         "status": VALID if tl.valid else INVALID,
-        "plan_status": plan.status,
+        "plan_status": str(plan.status),
         "valid": tl.valid,
         "violations": len(tl.violations),
         "violation_kinds": sorted({v.kind for v in tl.violations}),
@@ -165,8 +167,8 @@ def metrics_row(base: dict, hw: Hardware, plan: Plan, tl: Timeline, reference: T
         "offset_height_bytes": m.offset_height_bytes,
         "makespan_bound_us": bound_us,
         "gap_vs_bound": round(makespan_us / bound_us - 1, 6) if bound_us else None,
-        "solver_bound_us": _solver_bound_us(plan),
-        "solver_optimal": ((plan.stats or {}).get("cpsat") or {}).get("optimal"),
+        "solver_bound_us": outcome.model_bound_us if outcome else None,
+        "solver_optimal": outcome.model_optimal if outcome else None,
         "solve_time_s": round(solve_time_s, 3),
         "notes": list(plan.notes) + _sweep_note(plan),
         "made_by": plan.planner,
@@ -186,16 +188,6 @@ def _sweep_note(plan: Plan) -> list[str]:
 def _plain(d: dict) -> dict:
     """JSON-safe copy of planner options."""
     return json.loads(json.dumps(d, default=str))
-
-
-def _solver_bound_us(plan: Plan) -> float | None:
-    """CP-SAT's own makespan bound, when the planner solved a whole model and recorded it (``stats["cpsat"]``).
-
-    It bounds the scaled model (durations rounded up to ticks, the candidate gaps only), not every plan.
-    """
-    st = (plan.stats or {}).get("cpsat") or {}
-    v = st.get("model_bound_us") if st.get("model") == "whole" else None
-    return float(v) if isinstance(v, (int, float)) else None
 
 
 def _empty_row(base: dict, hw: Hardware, status: str, message: str, solve_time_s: float = 0.0) -> dict:

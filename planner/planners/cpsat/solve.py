@@ -37,7 +37,7 @@ from planner.hardware import HBM, Hardware
 from planner.offsets_cpsat import offsets_within
 from planner.orders import best_no_offload_order, live_bytes
 from planner.placement import with_placement
-from planner.plan import Plan
+from planner.plan import Plan, PlanStatus
 from planner.planned import Planned
 from planner.planners import exact
 from planner.planners.cpsat import worker
@@ -226,7 +226,7 @@ def _plan(run: Run, log: bool, objective: str, makespan_limit_us: float | None, 
     run.report(phase="done", incumbent_us=best_tl.metrics.makespan_ns / 1000)
     notes = list(best_plan.notes) if best_plan is not base else list(base.notes)
     notes += run.notes
-    status = best_plan.status if best_tl.valid else "infeasible"
+    status = best_plan.status if best_tl.valid else PlanStatus.INFEASIBLE
     # Only the program, placement and offsets decide the timeline, and they are best_plan's.
     plan = replace(best_plan, planner="cpsat", options=options, notes=tuple(dict.fromkeys(notes)),
                    stats={"cpsat": run.stats, **({"start": base.stats} if base.stats else {})}, status=status)
