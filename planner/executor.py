@@ -160,7 +160,7 @@ def _defrag_delays(report: AllocatorReport, prog: _Program, starts: list[int]) -
 def check_program(graph: Graph, hw: Hardware, plan: Plan) -> list[Violation]:
     """Return the structural problems of the program (empty when it can be run)."""
     out: list[Violation] = []
-    links = {ln.name: ln for ln in hw.links}
+    links = hw.links_by_name
     seen: dict[str, int] = {}
     op_index, tensors = graph.op_index, graph.tensors
     compute_kind, detach_kind, prefetch_kind = StepKind.COMPUTE, StepKind.DETACH, StepKind.PREFETCH

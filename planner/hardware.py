@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
 
 from planner.errors import InputError
 from planner.fileio import read_json
@@ -55,10 +56,12 @@ class Hardware:
         raise KeyError(name)
 
     def link(self, name: str) -> Link:
-        for ln in self.links:
-            if ln.name == name:
-                return ln
-        raise KeyError(name)
+        return self.links_by_name[name]
+
+    @cached_property
+    def links_by_name(self) -> dict[str, Link]:
+        """Each link by its name, the stream name in plans."""
+        return {ln.name: ln for ln in self.links}
 
     @property
     def hbm_bytes(self) -> int:

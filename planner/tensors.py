@@ -21,7 +21,7 @@ from planner.graph import Graph
 from planner.hardware import HBM
 from planner.placement import start_tiers
 from planner.plan import COMPUTE, Plan, StepKind
-from planner.timeline import Residency, Timeline
+from planner.timeline import Residency, Timeline, peak_of_intervals
 
 # A layer id in a generated tensor or op name: "p0.L3.q_a_proj", "L31.wo", "mb0.d.L31.h2". "L" must be a whole
 # dot-separated part so that names such as "MLP12" or "w_L2norm" do not count as layers.
@@ -415,18 +415,7 @@ def hbm_peak(timeline: Timeline, top: int | None = None) -> HbmPeak:
     the peak (Metrics.peak_bytes["hbm"] on a timeline the executor made).
     """
     hbm = [r for r in timeline.residencies if r.tier == HBM and _counted(r)]
-    events = []
-    for r in hbm:
-        events.append((r.start_ns, 1, r.seq, r.bytes))
-        if not r.until_end:
-            events.append((r.end_ns, 0, r.seq, -r.bytes))
-    events.sort()
-    cur = best = 0
-    when = 0
-    for time_ns, _order, _seq, delta in events:
-        cur += delta
-        if cur > best:
-            best, when = cur, time_ns
+    _best, when = peak_of_intervals((r.start_ns, None if r.until_end else r.end_ns, r.bytes) for r in hbm)
     resident = [r for r in hbm if r.start_ns <= when and (r.until_end or r.end_ns > when)]
     resident.sort(key=lambda r: (-r.bytes, r.name))
     total = sum(r.bytes for r in resident)

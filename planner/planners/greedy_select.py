@@ -93,7 +93,7 @@ class Context:
         )
         self.store_link = {t: hw.store_link(t).name for t in self.tiers}  # tier -> link name
         self.fetch_link = {t: hw.fetch_link(t).name for t in self.tiers}
-        self._links = {ln.name: ln for ln in hw.links}
+        self._links = hw.links_by_name
         self._ns: dict[tuple[int, str], int] = {}
         acc: dict[str, list[int]] = {t: [] for t in graph.tensors}
         upd: dict[str, list[int]] = {t: [] for t in graph.tensors}

@@ -50,7 +50,7 @@ from planner.report.sweeps import (
     with_hbm,
 )
 from planner.report.writer import markdown_table
-from planner.timeline import Timeline
+from planner.timeline import Timeline, peak_of_intervals
 
 # The paper's figures (001_*.txt in the seeds: tables of the Chinese summary).
 PAPER = {
@@ -127,17 +127,8 @@ def phase_latencies(plan, tl: Timeline, decode_steps: int) -> dict:
 def kv_free_peak(tl: Timeline) -> int:
     """The HBM peak of ``tl`` with every KV-cache byte removed: what offloading the whole KV cache would reach
     if it cost nothing and the blocks were never needed on HBM."""
-    deltas: dict[int, int] = {}
-    for r in tl.residencies:
-        if r.tier != HBM or r.kind == "kv_cache" or r.end_ns <= r.start_ns:
-            continue
-        deltas[r.start_ns] = deltas.get(r.start_ns, 0) + r.bytes
-        deltas[r.end_ns] = deltas.get(r.end_ns, 0) - r.bytes
-    cur = best = 0
-    for t in sorted(deltas):
-        cur += deltas[t]
-        best = max(best, cur)
-    return best
+    return peak_of_intervals((r.start_ns, r.end_ns, r.bytes) for r in tl.residencies
+                             if r.tier == HBM and r.kind != "kv_cache")[0]
 
 
 def kv_offload_longest(gen: str, args: dict, hw: Hardware, budget: int, step: int, hi: int) -> dict:

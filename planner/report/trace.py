@@ -72,7 +72,7 @@ def run_events(run: TraceRun, pid: int) -> list[dict]:
     ]
     if not tl.steps:  # a malformed program is not run: nothing to draw but its name
         return ev
-    links = {ln.name: ln for ln in hw.links}
+    links = hw.links_by_name
     # Lanes per link, for transfers (detaches on a link are instants on lane 0).
     tid_of: dict[int, int] = {}
     next_tid = COMPUTE_TID + 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 from planner.cost import transfer_duration_ns
 from planner.plan import COMPUTE, Plan, StepKind
 from planner.planners.cpsat.data import Assignment, Problem, alloc_time, canonical, chain, needs_store, op_end
+from planner.timeline import peak_of_intervals
 
 
 def tick_times(p: Problem, plan: Plan) -> list[tuple[int, int]]:
@@ -20,7 +21,7 @@ def tick_times(p: Problem, plan: Plan) -> list[tuple[int, int]]:
     hw, g, sc = p.hw, p.graph, p.scale
     index = g.op_index
     channel_free = {ln.name: [0] * ln.channels for ln in hw.links}
-    links = {ln.name: ln for ln in hw.links}
+    links = hw.links_by_name
     cache: dict[tuple[str, str], int] = {}
     compute_free = 0
     out: list[tuple[int, int]] = []
@@ -267,31 +268,9 @@ def memory_items(p: Problem, a: Assignment) -> list[tuple[int, int, int]]:
 def memory_peak(p: Problem, a: Assignment, lo: int = 0, hi: int | None = None) -> tuple[int, int]:
     """(peak units, tick) of the model's HBM profile."""
     hi = p.horizon if hi is None else hi
-    ev = []
-    for s, e, u in memory_items(p, a):
-        s, e = max(s, lo), min(e, hi)
-        if e > s:
-            ev.append((s, 1, u))
-            ev.append((e, 0, -u))
-    ev.sort()
-    cur = best = 0
-    when = lo
-    for time, _k, d in ev:
-        cur += d
-        if cur > best:
-            best, when = cur, time
-    return best, when
+    best, when = peak_of_intervals((max(s, lo), min(e, hi), u) for s, e, u in memory_items(p, a))
+    return best, when if best else lo
 
 
 def _max_overlap(ivs: list[tuple[int, int, int]]) -> int:
-    ev = []
-    for s, e, d in ivs:
-        if e > s:
-            ev.append((s, 1, d))
-            ev.append((e, 0, -d))
-    ev.sort()
-    cur = best = 0
-    for _t, _k, d in ev:
-        cur += d
-        best = max(best, cur)
-    return best
+    return peak_of_intervals(ivs)[0]

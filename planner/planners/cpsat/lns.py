@@ -63,10 +63,6 @@ class Incumbent:
     def makespan(self) -> int:
         return self.timeline.metrics.makespan_ns
 
-    @property
-    def moved(self) -> int:
-        return sum(self.timeline.metrics.bytes_moved.values())
-
 
 def incumbent_from_plan(p: Problem, plan: Plan, tl: Timeline | None = None) -> Incumbent:
     tl = tl if tl is not None else simulate(p.graph, p.hw, plan, allocator=False)
@@ -113,7 +109,7 @@ def improve(run: Run, p: Problem, asg: Assignment, base: Plan, base_tl: Timeline
     run.stats["lns"] = stats
     run.stats["windows_accepted"] = stats["accepted"]
     run.stats["status"] = "LNS"
-    history.sort(key=lambda c: (c[1].metrics.makespan_ns, sum(c[1].metrics.bytes_moved.values())))
+    history.sort(key=lambda c: c[1].metrics.speed_key)
     if base_free is base_tl and not _accept(history[0][1], Incumbent(base, base_tl, inc.asg), objective, limit_ns):
         # Nothing beats the starting plan, whose HBM placement is made (its run is the full one): keep it as is.
         run.notes.append(f"cpsat found nothing better than its starting plan ({base.planner}); it returns that")
@@ -206,7 +202,7 @@ def _accept(tl: Timeline, inc: Incumbent, objective: str, limit_ns: int | None) 
     if objective == "peak":
         ok = limit_ns is None or m.makespan_ns <= max(limit_ns, inc.makespan)
         return ok and (m.peak_bytes[HBM], m.makespan_ns) < (inc.timeline.metrics.peak_bytes[HBM], inc.makespan)
-    return (m.makespan_ns, sum(m.bytes_moved.values())) < (inc.makespan, inc.moved)
+    return m.speed_key < inc.timeline.metrics.speed_key
 
 
 def peak_window(p: Problem, inc: Incumbent, w: int, tried) -> tuple[int, int] | None:

@@ -285,7 +285,7 @@ def _better(tl: Timeline, ref: Timeline, objective: str) -> bool:
     a, b = tl.metrics, ref.metrics
     if objective == "peak":
         return (a.peak_bytes[HBM], a.makespan_ns) < (b.peak_bytes[HBM], b.makespan_ns)
-    return (a.makespan_ns, sum(a.bytes_moved.values())) < (b.makespan_ns, sum(b.bytes_moved.values()))
+    return a.speed_key < b.speed_key
 
 
 # The planners cpsat may start from (``-O start=NAME``); ``auto`` tries greedy, then reactive and no offload.
@@ -560,7 +560,7 @@ def finish(run: Run, p: Problem, sols: list[Assignment]) -> tuple[Plan, Timeline
             run.notes.append(f"a decoded plan is not valid ({shown})")
     if not decoded:
         return None
-    decoded.sort(key=lambda c: (c[1].metrics.makespan_ns, sum(c[1].metrics.bytes_moved.values())))
+    decoded.sort(key=lambda c: c[1].metrics.speed_key)
     return place_hbm(run, p, decoded)
 
 
