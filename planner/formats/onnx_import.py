@@ -30,6 +30,7 @@ import math
 import operator
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
 
@@ -97,22 +98,65 @@ def load_onnx_json(doc: dict, source: str, dims: dict[str, int] | None = None, s
 
 def graph_from_model(model, source: str = "<onnx>", dims: dict[str, int] | None = None, symbolic: bool | None = None,
                      fold_views: bool = True, name: str | None = None) -> Graph:
-    """Return the Graph of an ``onnx.ModelProto`` (see the module docstring). The model is not modified."""
+    """Return the Graph of an ``onnx.ModelProto`` (see the module docstring). The model is not modified.
+
+    In four steps: a copy with local functions inlined; symbolic dims checked and substituted; static shapes from
+    ONNX's shape inference (onnxruntime's symbolic inference where that leaves some unknown); ops and tensors.
+    """
+    m = _inlined_copy(model, source)
+    g = m.graph
+    dims = _check_dims(dims or {}, source)
+    initializer_names = {t.name for t in g.initializer} | {t.values.name for t in g.sparse_initializer}
+    _substitute_dims(g, dims, initializer_names, source)
+    node_names = _node_names(g.node)
+    _check_references(g, node_names, initializer_names, source)
+    shapes, elem, dropped = _static_shapes(m, dims, initializer_names, symbolic, source)
+    graph_inputs = [vi.name for vi in g.input if vi.name not in initializer_names]
+    graph_outputs = {vi.name for vi in g.output}
+    kinds: dict[str, TensorKind] = dict.fromkeys(initializer_names, TensorKind.WEIGHT)
+    kinds.update(dict.fromkeys(graph_inputs, TensorKind.INPUT))
+    nodes = _ops_from_nodes(g, node_names, shapes, dropped, graph_outputs, kinds, fold_views)
+    kinds.update(dict.fromkeys(graph_outputs, TensorKind.OUTPUT))
+    used = {t for op in nodes.ops for t in op.inputs + op.outputs} | {nodes.resolve(n) for n in graph_outputs}
+    tensors = {t: _tensor(t, elem[t], shapes[t], kinds.get(t, TensorKind.ACTIVATION), source)
+               for t in sorted(used, key=_order_key(g, graph_inputs))}
+    ops = [replace(op, bytes_accessed=float(sum(tensors[t].bytes for t in dict.fromkeys(op.inputs + op.outputs))))
+           for op in nodes.ops]
+    metadata = {
+        "source_format": "onnx",
+        "opset": {(o.domain or "ai.onnx"): o.version for o in m.opset_import},
+        "producer": f"{m.producer_name} {m.producer_version}".strip(),
+        "dims": dict(sorted(dims.items())),
+        "onnx_nodes": len(g.node),
+        "folded_views": len(nodes.alias),
+    }
+    if nodes.no_formula:
+        metadata["ops_without_flops"] = sorted(nodes.no_formula)
+    if nodes.opaque:
+        metadata["opaque_ops"] = sorted(nodes.opaque)
+    if dropped:
+        metadata["dropped_unsized_unused_outputs"] = len(dropped)
+    return Graph.build(name or g.name or "onnx", tensors.values(), ops, source=source, metadata=metadata)
+
+
+def _inlined_copy(model, source: str):
+    """A copy of ``model`` with its local functions inlined (the caller's model is left as it is)."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
-    g = m.graph
-    if len(g.node) == 0:
+    if len(m.graph.node) == 0:
         raise InputError(source, "graph", "the model has no nodes (not an ONNX model, or an empty graph)")
     if len(m.functions):
         try:
             m = onnx.inliner.inline_local_functions(m)
-            g = m.graph
         except Exception as exc:
             raise InputError(source, "functions",
                              f"could not inline the model's local functions ({_one_line(exc)})") from None
-    dims = _check_dims(dims or {}, source)
+    return m
 
-    # 2. Symbolic dims: every name the model uses, the graph inputs' unresolved ones, then substitution.
+
+def _substitute_dims(g, dims: dict[str, int], initializer_names: set[str], source: str) -> None:
+    """Check the given dims against the symbolic dims the model uses and the graph inputs' unresolved ones, then
+    write their values into the graph's value infos (in place, on the caller's copy)."""
     top_infos = list(g.input) + list(g.output) + list(g.value_info)
     known_names: set[str] = set()
     for vi in top_infos:
@@ -124,7 +168,6 @@ def graph_from_model(model, source: str = "<onnx>", dims: dict[str, int] | None 
         have = ", ".join(sorted(known_names)) or "none"
         raise InputError(source, "dims", f"no symbolic dim named {', '.join(unknown_given)} in the model "
                                          f"(its symbolic dims: {have})")
-    initializer_names = {t.name for t in g.initializer} | {t.values.name for t in g.sparse_initializer}
     unresolved: set[str] = set()
     anonymous: list[str] = []
     for vi in g.input:
@@ -150,7 +193,9 @@ def graph_from_model(model, source: str = "<onnx>", dims: dict[str, int] | None 
                 if v is not None:
                     d.dim_value = v
 
-    node_names = _node_names(g.node)
+
+def _check_references(g, node_names: list[str], initializer_names: set[str], source: str) -> None:
+    """Every node input is a graph input, an initializer or an earlier node's output."""
     defined = set(initializer_names) | {vi.name for vi in g.input}
     for node, op_name in zip(g.node, node_names):
         for t in list(node.input) + _outer_refs(node):
@@ -159,7 +204,15 @@ def graph_from_model(model, source: str = "<onnx>", dims: dict[str, int] | None 
                                  f"input {t!r} is not a graph input, an initializer or an earlier node's output")
         defined.update(node.output)
 
-    # 3. Shape inference.
+
+def _static_shapes(m, dims: dict[str, int], initializer_names: set[str], symbolic: bool | None, source: str
+                   ) -> tuple[dict[str, tuple[int, ...]], dict[str, int], set[str]]:
+    """Return (shape, ONNX element type, unsized outputs dropped) of every value the graph needs: ONNX's shape
+    inference, then onnxruntime's symbolic inference for what it leaves unknown (``symbolic``: None when it is
+    importable, True required, False never). Outputs no one reads and the graph does not return (a Dropout mask,
+    a norm's saved statistics) may be left unsized by every inference: they are dropped from their op. Any other
+    value left unsized is an InputError."""
+    g = m.graph
     try:
         inferred = onnx.shape_inference.infer_shapes(m, check_type=False, strict_mode=False, data_prop=True)
     except Exception:
@@ -179,39 +232,41 @@ def graph_from_model(model, source: str = "<onnx>", dims: dict[str, int] | None 
                 if _static(ort_types.get(n), dims) is not None:
                     types[n] = ort_types[n]
             missing = [n for n in needed if _static(types.get(n), dims) is None]
-    # Outputs no one reads and the graph does not return (a Dropout mask, a norm's saved statistics) may be
-    # left unsized by every inference: they are dropped from their op and counted in the metadata.
     consumed = {t for node in g.node for t in list(node.input) + _outer_refs(node)} | {vi.name for vi in g.output}
     dropped = {n for n in missing if n not in consumed and n not in initializer_names
                and n not in {vi.name for vi in g.input}}
     missing = [n for n in missing if n not in dropped]
     if missing:
         raise InputError(source, "shapes", _missing_message(missing, types, symbolic_note))
-
     shapes: dict[str, tuple[int, ...]] = {}
     elem: dict[str, int] = {}
     for n in needed:
         if n not in dropped:
             elem[n], shapes[n] = _static(types[n], dims)
+    return shapes, elem, dropped
 
-    # 4. The graph.
-    graph_inputs = [vi.name for vi in g.input if vi.name not in initializer_names]
-    graph_outputs = {vi.name for vi in g.output}
-    kinds: dict[str, TensorKind] = {}
-    for n in initializer_names:
-        kinds[n] = TensorKind.WEIGHT
-    for n in graph_inputs:
-        kinds[n] = TensorKind.INPUT
-    alias: dict[str, str] = {}
 
-    def resolve(t: str) -> str:
-        while t in alias:
-            t = alias[t]
+@dataclass
+class _Nodes:
+    """The ops of the graph's nodes, and what the import did on the way."""
+
+    ops: list[Op] = field(default_factory=list)
+    alias: dict[str, str] = field(default_factory=dict)  # folded view output -> the value it views
+    opaque: set[str] = field(default_factory=set)  # op types with subgraphs, counted as zero FLOPs
+    no_formula: set[str] = field(default_factory=set)  # op types without a FLOP formula
+
+    def resolve(self, t: str) -> str:
+        """The value a (possibly folded view) name stands for."""
+        while t in self.alias:
+            t = self.alias[t]
         return t
 
-    ops: list[Op] = []
-    opaque: set[str] = set()
-    no_formula: set[str] = set()
+
+def _ops_from_nodes(g, node_names: list[str], shapes: dict[str, tuple[int, ...]], dropped: set[str],
+                    graph_outputs: set[str], kinds: dict[str, TensorKind], fold_views: bool) -> _Nodes:
+    """One Op per node, in graph order: Constants become weights (``kinds``), single-output views fold into the
+    value they view when ``fold_views``, FLOPs from ``onnx_flops`` (bytes accessed are filled in later)."""
+    out = _Nodes()
     for node, op_name in zip(g.node, node_names):
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             for o in node.output:
@@ -222,12 +277,11 @@ def graph_from_model(model, source: str = "<onnx>", dims: dict[str, int] | None 
         outs = [t for t in node.output if t and t not in dropped]
         if (fold_views and node.op_type in VIEW_OPS and node.domain in ("", "ai.onnx") and len(outs) == 1 and ins
                 and outs[0] not in graph_outputs and outs[0] == node.output[0]):
-            alias[outs[0]] = resolve(node.input[0])
+            out.alias[outs[0]] = out.resolve(node.input[0])
             continue
-        has_subgraph = any(a.type in SUBGRAPH_ATTR_TYPES for a in node.attribute)
-        if has_subgraph:
+        if any(a.type in SUBGRAPH_ATTR_TYPES for a in node.attribute):
             flops: float | None = 0.0
-            opaque.add(node.op_type)
+            out.opaque.add(node.op_type)
         else:
             attrs = {a.name: _attr(a) for a in node.attribute}
             try:
@@ -236,47 +290,24 @@ def graph_from_model(model, source: str = "<onnx>", dims: dict[str, int] | None 
             except (ValueError, TypeError, IndexError, KeyError, AttributeError):
                 flops = None  # attributes the formula cannot read: count as an op without a formula
             if flops is None:
-                no_formula.add(node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}")
+                out.no_formula.add(node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}")
                 flops = 0.0
-        inputs = tuple(dict.fromkeys(resolve(t) for t in ins + _outer_refs(node)))
-        ops.append(Op(name=op_name, op_type=node.op_type, inputs=inputs, outputs=tuple(dict.fromkeys(outs)),
-                      flops=float(flops)))
-    for n in graph_outputs:
-        kinds[n] = TensorKind.OUTPUT
+        inputs = tuple(dict.fromkeys(out.resolve(t) for t in ins + _outer_refs(node)))
+        out.ops.append(Op(name=op_name, op_type=node.op_type, inputs=inputs, outputs=tuple(dict.fromkeys(outs)),
+                          flops=float(flops)))
+    return out
 
-    used = {t for op in ops for t in op.inputs + op.outputs} | {resolve(n) for n in graph_outputs}
-    tensors: dict[str, Tensor] = {}
-    for t in sorted(used, key=_order_key(g, graph_inputs)):
-        dtype_id = elem[t]
-        dtype = ONNX_DTYPES.get(dtype_id)
-        per = DTYPE_BYTES[dtype] if dtype else OTHER_DTYPE_BYTES.get(dtype_id)
-        if per is None:
-            raise InputError(source, f"value {t!r}", f"unsupported element type {dtype_id}")
-        nbytes = max(1, math.ceil(math.prod(shapes[t]) * per))
-        kind = kinds.get(t, TensorKind.ACTIVATION)
-        # An imported model names no tiers: where its weights start is the planner's choice (planner/placement.py).
-        tensors[t] = Tensor(name=t, bytes=nbytes, kind=kind, shape=shapes[t], dtype=dtype,
-                            home=AUTO if kind is TensorKind.WEIGHT else HBM)
-    final_ops = []
-    for op in ops:
-        accessed = sum(tensors[t].bytes for t in dict.fromkeys(op.inputs + op.outputs))
-        final_ops.append(Op(name=op.name, op_type=op.op_type, inputs=op.inputs, outputs=op.outputs, flops=op.flops,
-                            bytes_accessed=float(accessed)))
-    metadata = {
-        "source_format": "onnx",
-        "opset": {(o.domain or "ai.onnx"): o.version for o in m.opset_import},
-        "producer": f"{m.producer_name} {m.producer_version}".strip(),
-        "dims": dict(sorted(dims.items())),
-        "onnx_nodes": len(g.node),
-        "folded_views": len(alias),
-    }
-    if no_formula:
-        metadata["ops_without_flops"] = sorted(no_formula)
-    if opaque:
-        metadata["opaque_ops"] = sorted(opaque)
-    if dropped:
-        metadata["dropped_unsized_unused_outputs"] = len(dropped)
-    return Graph.build(name or g.name or "onnx", tensors.values(), final_ops, source=source, metadata=metadata)
+
+def _tensor(t: str, dtype_id: int, shape: tuple[int, ...], kind: TensorKind, source: str) -> Tensor:
+    """The Tensor of value ``t``. An imported model names no tiers: where its weights start is the planner's
+    choice (planner/placement.py)."""
+    dtype = ONNX_DTYPES.get(dtype_id)
+    per = DTYPE_BYTES[dtype] if dtype else OTHER_DTYPE_BYTES.get(dtype_id)
+    if per is None:
+        raise InputError(source, f"value {t!r}", f"unsupported element type {dtype_id}")
+    nbytes = max(1, math.ceil(math.prod(shape) * per))
+    return Tensor(name=t, bytes=nbytes, kind=kind, shape=shape, dtype=dtype,
+                  home=AUTO if kind is TensorKind.WEIGHT else HBM)
 
 
 def _attr(a):
