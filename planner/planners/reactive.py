@@ -98,70 +98,95 @@ def plan_reactive(graph: Graph, hw: Hardware, lookahead: int = 0) -> Plan:
         return replace(no_offload_program(graph, hw, order, planner="reactive"), options={"lookahead": lookahead})
     placement = reactive_placement(graph, hw, order)
     graph = with_placement(graph, placement)
-    order = best_no_offload_order(graph)
-    pos = {n: i for i, n in enumerate(order)}
-    uses: dict[str, list[int]] = {t: [] for t in graph.tensors}
-    for i, n in enumerate(order):
-        for t in graph.op(n).reads:
-            uses[t].append(i)
-    last_use = {t: max(u + [pos[graph.producer[t]]] if t in graph.producer else u, default=-1) for t, u in uses.items()}
-    mem = _Memory(budget=hw.hbm_bytes, remote_used={t.name: 0 for t in hw.remote_tiers})
-    for name, t in sorted(graph.tensors.items()):
-        mem.valid_remote[name] = set()
-        if name in graph.producer:
-            continue
-        if t.home == HBM:
-            # The executor holds every tensor that starts on HBM until it dies or is detached, used or not.
-            mem.resident[name] = -1
-            mem.used += t.bytes
-        else:
-            mem.valid_remote[name].add(t.home)
-            mem.remote_used[t.home] += t.bytes
-    pb = ProgramBuilder()
-    clock = 0
-    notes: list[str] = []
-    status = PlanStatus.FEASIBLE
-    # A runtime frees at once what nothing will read (reference count zero): tensors that start on HBM, are never
-    # used and do not outlive the step.
-    for name in sorted(mem.resident):
-        if not graph.tensors[name].persistent and not uses[name]:
-            pb.detach(name, stream=COMPUTE)
-            del mem.resident[name]
-            mem.used -= graph.tensors[name].bytes
-    needed_at_start = mem.used
-    if needed_at_start > hw.hbm_bytes:
-        status = PlanStatus.INFEASIBLE
-        notes.append(f"{format_bytes_exact(needed_at_start)} start on HBM and are still needed, over the budget of "
-                     f"{format_bytes_exact(hw.hbm_bytes)}")
-    prev_compute: int | None = None
-    tiers_by_speed = sorted(
-        (t.name for t in hw.remote_tiers),
-        key=lambda n: (1 / hw.store_link(n).bandwidth_Bps + 1 / hw.fetch_link(n).bandwidth_Bps, n),
-    )
+    runtime = _Runtime(graph, hw, placement, best_no_offload_order(graph))
+    for i, name in enumerate(runtime.order):
+        runtime.run(i, name, lookahead)
+    runtime.restore_placement()
+    return runtime.pb.build(graph.name, "reactive", options={"lookahead": lookahead}, status=runtime.status,
+                            notes=tuple(runtime.notes), placement=placement)
 
-    def size(t: str) -> int:
-        return graph.tensors[t].bytes
 
-    def still_needed(t: str, i: int) -> bool:
-        return graph.tensors[t].persistent or (bool(uses[t]) and uses[t][-1] > i)
+class _Runtime:
+    """A reactive runtime stepping through the compute order: it evicts least recently used tensors when an
+    allocation does not fit (storing first what has no valid remote copy) and fetches what an op needs on demand,
+    writing the program as it goes."""
 
-    def touch(t: str) -> None:
-        mem.resident.pop(t, None)
-        mem.resident[t] = clock
+    def __init__(self, graph: Graph, hw: Hardware, placement: dict[str, str], order: list[str]) -> None:
+        self.graph, self.hw, self.placement, self.order = graph, hw, placement, order
+        pos = {n: i for i, n in enumerate(order)}
+        self.uses: dict[str, list[int]] = {t: [] for t in graph.tensors}
+        for i, n in enumerate(order):
+            for t in graph.op(n).reads:
+                self.uses[t].append(i)
+        self.last_use = {t: max(u + [pos[graph.producer[t]]] if t in graph.producer else u, default=-1)
+                         for t, u in self.uses.items()}
+        self.tiers_by_speed = sorted(
+            (t.name for t in hw.remote_tiers),
+            key=lambda n: (1 / hw.store_link(n).bandwidth_Bps + 1 / hw.fetch_link(n).bandwidth_Bps, n),
+        )
+        self.mem = _Memory(budget=hw.hbm_bytes, remote_used={t.name: 0 for t in hw.remote_tiers})
+        self.pb = ProgramBuilder()
+        self.clock = 0
+        self.prev_compute: int | None = None
+        self.status = PlanStatus.FEASIBLE
+        self.notes: list[str] = []
+        self._start()
 
-    def make_room(need: int, protect: set[str], i: int, frees: list[int]) -> bool:
-        base = [prev_compute] if prev_compute is not None else []
+    def _start(self) -> None:
+        """What is where when the step starts; a runtime frees at once what nothing will read (reference count
+        zero): tensors that start on HBM, are never used and do not outlive the step."""
+        graph, mem = self.graph, self.mem
+        for name, t in sorted(graph.tensors.items()):
+            mem.valid_remote[name] = set()
+            if name in graph.producer:
+                continue
+            if t.home == HBM:
+                # The executor holds every tensor that starts on HBM until it dies or is detached, used or not.
+                mem.resident[name] = -1
+                mem.used += t.bytes
+            else:
+                mem.valid_remote[name].add(t.home)
+                mem.remote_used[t.home] += t.bytes
+        for name in sorted(mem.resident):
+            if not graph.tensors[name].persistent and not self.uses[name]:
+                self.pb.detach(name, stream=COMPUTE)
+                del mem.resident[name]
+                mem.used -= graph.tensors[name].bytes
+        if mem.used > self.hw.hbm_bytes:
+            self.status = PlanStatus.INFEASIBLE
+            self.notes.append(f"{format_bytes_exact(mem.used)} start on HBM and are still needed, over the budget of "
+                              f"{format_bytes_exact(self.hw.hbm_bytes)}")
+
+    def size(self, t: str) -> int:
+        return self.graph.tensors[t].bytes
+
+    def still_needed(self, t: str, i: int) -> bool:
+        return self.graph.tensors[t].persistent or (bool(self.uses[t]) and self.uses[t][-1] > i)
+
+    def touch(self, t: str) -> None:
+        self.mem.resident.pop(t, None)
+        self.mem.resident[t] = self.clock
+
+    def _after_compute(self) -> list[int]:
+        return [self.prev_compute] if self.prev_compute is not None else []
+
+    def make_room(self, need: int, protect: set[str], i: int, frees: list[int]) -> bool:
+        """Evict least recently used tensors not in ``protect`` until ``need`` more bytes fit; the Detaches go to
+        ``frees``. False when nothing more can be evicted (or no remote tier has room)."""
+        mem, pb, hw = self.mem, self.pb, self.hw
+        base = self._after_compute()
         while mem.used + need > mem.budget:
             v = next((t for t in mem.resident if t not in protect), None)
             if v is None:
                 return False
             waits = base + ([mem.touch_step[v]] if v in mem.touch_step else [])
-            if still_needed(v, i) and not mem.valid_remote[v]:
+            if self.still_needed(v, i) and not mem.valid_remote[v]:
                 # A tensor that started remote goes back to its own tier (its room is held, and the step must end
                 # with it there anyway).
-                home = placement.get(v, HBM)
+                home = self.placement.get(v, HBM)
                 tier = home if home != HBM else next(
-                    (n for n in tiers_by_speed if mem.remote_used[n] + size(v) <= hw.tier(n).capacity_bytes), None
+                    (n for n in self.tiers_by_speed
+                     if mem.remote_used[n] + self.size(v) <= hw.tier(n).capacity_bytes), None
                 )
                 if tier is None:
                     return False
@@ -170,74 +195,79 @@ def plan_reactive(graph: Graph, hw: Hardware, lookahead: int = 0) -> Plan:
                 frees.append(pb.detach(v, stream=link, waits=[s]))
                 mem.valid_remote[v].add(tier)
                 if tier != home:
-                    mem.remote_used[tier] += size(v)
+                    mem.remote_used[tier] += self.size(v)
             else:
                 # The copy that makes dropping it safe may still be on its way.
                 pending = [mem.store_step[v]] if v in mem.store_step and mem.valid_remote[v] else []
                 frees.append(pb.detach(v, stream=COMPUTE, waits=waits + pending))
             del mem.resident[v]
             mem.touch_step.pop(v, None)
-            mem.used -= size(v)
+            mem.used -= self.size(v)
         return True
 
-    def fetch(t: str, waits: list[int]) -> int:
-        tier = sorted(mem.valid_remote[t], key=tiers_by_speed.index)[0]
-        s = pb.prefetch(t, hw.fetch_link(tier).name, waits=waits)
-        touch(t)
-        mem.touch_step[t] = s
-        mem.used += size(t)
+    def fetch(self, t: str, waits: list[int]) -> int:
+        """Prefetch ``t`` from its fastest tier with a valid copy; the step's index."""
+        tier = sorted(self.mem.valid_remote[t], key=self.tiers_by_speed.index)[0]
+        s = self.pb.prefetch(t, self.hw.fetch_link(tier).name, waits=waits)
+        self.touch(t)
+        self.mem.touch_step[t] = s
+        self.mem.used += self.size(t)
         return s
 
-    for i, name in enumerate(order):
+    def run(self, i: int, name: str, lookahead: int) -> None:
+        """Op ``name`` (the i-th): make room, fetch what is missing, compute, free what is dead, then prefetch
+        the next ``lookahead`` ops' inputs that fit without evicting."""
+        graph, mem = self.graph, self.mem
         op = graph.op(name)
-        clock += 1
+        self.clock += 1
         missing = [t for t in op.reads if t not in mem.resident]
-        new = sum(size(t) for t in missing) + sum(size(t) for t in op.outputs) + op.workspace_bytes
+        new = sum(self.size(t) for t in missing) + sum(self.size(t) for t in op.outputs) + op.workspace_bytes
         frees: list[int] = []
-        if not make_room(new, set(op.reads), i, frees):
-            status = PlanStatus.INFEASIBLE
-            notes.append(f"op {name!r}: cannot make room for {format_bytes_exact(new)} on HBM (budget "
-                         f"{format_bytes_exact(mem.budget)})")
-        base = [prev_compute] if prev_compute is not None else []
-        fetches = [fetch(t, base + frees) for t in missing]
-        step = pb.compute(name, waits=fetches + frees + [mem.touch_step[t] for t in op.reads if t in mem.touch_step])
-        prev_compute = step
+        if not self.make_room(new, set(op.reads), i, frees):
+            self.status = PlanStatus.INFEASIBLE
+            self.notes.append(f"op {name!r}: cannot make room for {format_bytes_exact(new)} on HBM (budget "
+                              f"{format_bytes_exact(mem.budget)})")
+        base = self._after_compute()
+        fetches = [self.fetch(t, base + frees) for t in missing]
+        step = self.pb.compute(name, waits=fetches + frees + [mem.touch_step[t] for t in op.reads
+                                                              if t in mem.touch_step])
+        self.prev_compute = step
         for t in op.reads + op.outputs:
-            touch(t)
+            self.touch(t)
             mem.touch_step[t] = step
-        mem.used += sum(size(t) for t in op.outputs)
+        mem.used += sum(self.size(t) for t in op.outputs)
         for t in op.updates:
             mem.valid_remote[t] = set()
         for t in op.reads + op.outputs:
-            if last_use[t] <= i and not graph.tensors[t].persistent and t in mem.resident:
+            if self.last_use[t] <= i and not graph.tensors[t].persistent and t in mem.resident:
                 del mem.resident[t]
                 mem.touch_step.pop(t, None)
-                mem.used -= size(t)
-        if lookahead > 0:
-            for j in range(i + 1, min(len(order), i + 1 + lookahead)):
-                for t in graph.op(order[j]).reads:
-                    if t not in mem.resident and mem.valid_remote[t] and mem.used + size(t) <= mem.budget:
-                        fetch(t, [step] + frees)
-    # Steady state: the next step starts from this step's placement, so restore it: stores first (they make their
-    # tensors free to drop), then fetches, never evicting what started on HBM.
-    n = len(order)
-    on_hbm = {t for t, tier in placement.items() if tier == HBM and graph.tensors[t].persistent}
-    for name in sorted(placement, key=lambda t: (placement[t] == HBM, t)):
-        tier = placement[name]
-        if not graph.tensors[name].persistent or tier in mem.valid_remote[name] or (
-                tier == HBM and name in mem.resident):
-            continue
-        base = [prev_compute] if prev_compute is not None else []
-        frees = []
-        if name not in mem.resident:
-            if not make_room(size(name), on_hbm, n, frees):
-                status = PlanStatus.INFEASIBLE
-                notes.append(f"tensor {name!r}: no room on HBM to bring it back before the step ends")
+                mem.used -= self.size(t)
+        for j in range(i + 1, min(len(self.order), i + 1 + max(0, lookahead))):
+            for t in graph.op(self.order[j]).reads:
+                if t not in mem.resident and mem.valid_remote[t] and mem.used + self.size(t) <= mem.budget:
+                    self.fetch(t, [step] + frees)
+
+    def restore_placement(self) -> None:
+        """Steady state: the next step starts from this step's placement, so restore it: stores first (they make
+        their tensors free to drop), then fetches, never evicting what started on HBM."""
+        graph, mem, placement = self.graph, self.mem, self.placement
+        n = len(self.order)
+        on_hbm = {t for t, tier in placement.items() if tier == HBM and graph.tensors[t].persistent}
+        for name in sorted(placement, key=lambda t: (placement[t] == HBM, t)):
+            tier = placement[name]
+            if not graph.tensors[name].persistent or tier in mem.valid_remote[name] or (
+                    tier == HBM and name in mem.resident):
                 continue
-            fetch(name, base + frees)
-        if tier != HBM:
-            waits = base + ([mem.touch_step[name]] if name in mem.touch_step else [])
-            mem.store_step[name] = pb.store(name, hw.store_link(tier).name, waits=waits)
-            mem.valid_remote[name].add(tier)
-    return pb.build(graph.name, "reactive", options={"lookahead": lookahead}, status=status, notes=tuple(notes),
-                    placement=placement)
+            base = self._after_compute()
+            frees: list[int] = []
+            if name not in mem.resident:
+                if not self.make_room(self.size(name), on_hbm, n, frees):
+                    self.status = PlanStatus.INFEASIBLE
+                    self.notes.append(f"tensor {name!r}: no room on HBM to bring it back before the step ends")
+                    continue
+                self.fetch(name, base + frees)
+            if tier != HBM:
+                waits = base + ([mem.touch_step[name]] if name in mem.touch_step else [])
+                mem.store_step[name] = self.pb.store(name, self.hw.store_link(tier).name, waits=waits)
+                mem.valid_remote[name].add(tier)
