@@ -30,13 +30,30 @@ _DETACH, _STORE, _OP, _PREFETCH = 0, 1, 2, 3
 
 
 def plan_from_assignment(p: Problem, a: Assignment, planner: str = "cpsat", **kwargs) -> Plan:
-    """The program for assignment ``a`` (see the module doc)."""
-    ops = p.ops
-    ev: list[tuple[int, int, int, object]] = []
-    for o in range(len(ops)):
-        ev.append((a.start[o], _OP, o, o))
-    for s in a.store:
-        ev.append((a.store_start[s], _STORE, s, s))
+    """The program for assignment ``a`` (see the module doc): its steps in solution-time order, each waiting for
+    what it must."""
+    events, detach_info = _events(p, a)
+    program = _Emitter(p, a, detach_info)
+    for time, kind, _k, x in events:
+        if kind == _OP:
+            program.op(time, x)
+        elif kind == _STORE:
+            program.store(x)
+        elif kind == _DETACH:
+            program.detach(time, x)
+        else:
+            program.prefetch(time, x)
+    choice = {t.name: a.off.get(t.placement_gap, HBM) if t.free else t.home
+              for t in p.tensors if t.producer is None}
+    return program.pb.build(p.graph.name, planner, placement=plan_placement(p.graph, choice), **kwargs)
+
+
+def _events(p: Problem, a: Assignment) -> tuple[list[tuple[int, int, int, int]], dict[int, tuple[str, int | None]]]:
+    """Every step of the program at its solution time, sorted (time, kind, index); and per offloaded gap with a
+    Detach, its stream and the last op before it. A Detach goes after the users before its gap and, when it needs
+    its slot's Store, after that Store on its link."""
+    ev: list[tuple[int, int, int, int]] = [(a.start[o], _OP, o, o) for o in range(len(p.ops))]
+    ev.extend((a.store_start[s], _STORE, s, s) for s in a.store)
     detach_info: dict[int, tuple[str, int | None]] = {}
     for g in a.off:
         gap = p.gaps[g]
@@ -60,94 +77,98 @@ def plan_from_assignment(p: Problem, a: Assignment, planner: str = "cpsat", **kw
         detach_info[g] = (stream, last_user)
         ev.append((when, _DETACH, g, g))
     ev.sort(key=lambda e: (e[0], e[1], e[2]))
+    return ev, detach_info
 
-    # Per tensor, its offloaded gaps with a Prefetch, by n_before: an op waits for the latest one before it.
-    fetch_gaps: dict[int, list[tuple[int, int]]] = {}
-    for g in a.off:
+
+class _Emitter:
+    """Writes the steps in event order, recording what later steps wait for."""
+
+    def __init__(self, p: Problem, a: Assignment, detach_info: dict[int, tuple[str, int | None]]) -> None:
+        self.p, self.a, self.detach_info = p, a, detach_info
+        # Per tensor, its offloaded gaps with a Prefetch, by n_before: an op waits for the latest one before it.
+        self.fetch_gaps: dict[int, list[tuple[int, int]]] = {}
+        for g in a.off:
+            gap = p.gaps[g]
+            if gap.has_fetch:
+                self.fetch_gaps.setdefault(gap.tensor, []).append((gap.n_before, g))
+        for v in self.fetch_gaps.values():
+            v.sort()
+        self.rank = {(t.index, u): r for t in p.tensors if t.index in self.fetch_gaps for r, u in enumerate(t.users)}
+        self.pb = ProgramBuilder()
+        self.op_step: dict[int, int] = {}
+        self.store_step: dict[int, int] = {}
+        self.prefetch_step: dict[int, int] = {}
+        self.detach_step: dict[int, int] = {}
+        self.cs_ends: list[int] = []  # solution end of each compute-stream step, in program order
+        self.cs_ids: list[int] = []
+        self.cs_cover: list[int] = []  # link Detaches up to this time are covered by waiting on that step
+        self.last_op_start = -1
+        self.link_detach_times: list[int] = []
+        self.link_detach_ids: list[int] = []
+        self.pending: list[int] = []  # link Detaches the next op waits for
+
+    def op(self, time: int, o: int) -> None:
+        """Op ``o``: after the link Detaches since the last op and the latest Prefetch of each tensor it reads."""
+        ops = self.p.ops
+        waits, self.pending = list(self.pending), []
+        for t in ops[o].reads:
+            fg = self.fetch_gaps.get(t)
+            if fg:
+                j = bisect.bisect_right(fg, (self.rank[(t, o)], 1 << 60)) - 1
+                if j >= 0:
+                    waits.append(self.prefetch_step[fg[j][1]])
+        i = self.pb.compute(ops[o].name, waits)
+        self.op_step[o] = i
+        self.last_op_start = time
+        self.cs_ends.append(time + ops[o].dur)
+        self.cs_ids.append(i)
+        self.cs_cover.append(time)
+
+    def store(self, s: int) -> None:
+        """Slot ``s``'s Store, after the op that wrote the version."""
+        p = self.p
+        sl = p.slots[s]
+        waits = [self.op_step[sl.writer]] if sl.writer is not None else []
+        link = p.tiers[self.a.store[s]].store_link
+        self.store_step[s] = self.pb.store(p.tensors[sl.tensor].name, link, waits)
+
+    def detach(self, time: int, g: int) -> None:
+        """Gap ``g``'s Detach: on the compute stream, or on the store link after the Store it relies on."""
+        p = self.p
         gap = p.gaps[g]
-        if gap.has_fetch:
-            fetch_gaps.setdefault(gap.tensor, []).append((gap.n_before, g))
-    for v in fetch_gaps.values():
-        v.sort()
-    rank = {}
-    for t in p.tensors:
-        if t.index in fetch_gaps:
-            for r, u in enumerate(t.users):
-                rank[(t.index, u)] = r
-
-    pb = ProgramBuilder()
-    op_step: dict[int, int] = {}
-    store_step: dict[int, int] = {}
-    prefetch_step: dict[int, int] = {}
-    detach_step: dict[int, int] = {}
-    cs_ends: list[int] = []  # solution end of each compute-stream step, in program order
-    cs_ids: list[int] = []
-    cs_cover: list[int] = []  # link Detaches up to this time are covered by waiting on that step
-    last_op_start = -1
-    link_detach_times: list[int] = []
-    link_detach_ids: list[int] = []
-    pending: list[int] = []
-    for time, kind, _k, x in ev:
-        if kind == _OP:
-            o = x
-            waits = list(pending)
-            pending = []
-            for t in ops[o].reads:
-                fg = fetch_gaps.get(t)
-                if fg:
-                    r = rank[(t, o)]
-                    j = bisect.bisect_right(fg, (r, 1 << 60)) - 1
-                    if j >= 0:
-                        waits.append(prefetch_step[fg[j][1]])
-            i = pb.compute(ops[o].name, waits)
-            op_step[o] = i
-            last_op_start = time
-            cs_ends.append(time + ops[o].dur)
-            cs_ids.append(i)
-            cs_cover.append(time)
-        elif kind == _STORE:
-            s = x
-            sl = p.slots[s]
-            waits = [op_step[sl.writer]] if sl.writer is not None else []
-            link = p.tiers[a.store[s]].store_link
-            store_step[s] = pb.store(p.tensors[sl.tensor].name, link, waits)
-        elif kind == _DETACH:
-            g = x
-            gap = p.gaps[g]
-            stream, last_user = detach_info[g]
-            waits = []
-            if gap.slot in store_step and needs_store(p, a, gap):
-                waits.append(store_step[gap.slot])
-            name = p.tensors[gap.tensor].name
-            if stream == COMPUTE:
-                i = pb.detach(name, COMPUTE, waits)
-                cs_ends.append(time)
-                cs_ids.append(i)
-                cs_cover.append(last_op_start)
-            else:
-                if last_user is not None:
-                    waits.append(op_step[last_user])
-                i = pb.detach(name, stream, waits)
-                link_detach_times.append(time)
-                link_detach_ids.append(i)
-                pending.append(i)
-            detach_step[g] = i
+        stream, last_user = self.detach_info[g]
+        waits = []
+        if gap.slot in self.store_step and needs_store(p, self.a, gap):
+            waits.append(self.store_step[gap.slot])
+        name = p.tensors[gap.tensor].name
+        if stream == COMPUTE:
+            i = self.pb.detach(name, COMPUTE, waits)
+            self.cs_ends.append(time)
+            self.cs_ids.append(i)
+            self.cs_cover.append(self.last_op_start)
         else:
-            g = x
-            gap = p.gaps[g]
-            waits = []
-            if g in detach_step:
-                waits.append(detach_step[g])
-            j = bisect.bisect_right(cs_ends, time) - 1
-            cover = -1
-            if j >= 0:
-                waits.append(cs_ids[j])
-                cover = cs_cover[j]
-            lo = bisect.bisect_right(link_detach_times, cover)
-            hi = bisect.bisect_right(link_detach_times, time)
-            waits.extend(link_detach_ids[lo:hi])
-            link = p.tiers[a.off[g]].fetch_link
-            prefetch_step[g] = pb.prefetch(p.tensors[gap.tensor].name, link, waits)
-    choice = {t.name: a.off.get(t.placement_gap, HBM) if t.free else t.home
-              for t in p.tensors if t.producer is None}
-    return pb.build(p.graph.name, planner, placement=plan_placement(p.graph, choice), **kwargs)
+            if last_user is not None:
+                waits.append(self.op_step[last_user])
+            i = self.pb.detach(name, stream, waits)
+            self.link_detach_times.append(time)
+            self.link_detach_ids.append(i)
+            self.pending.append(i)
+        self.detach_step[g] = i
+
+    def prefetch(self, time: int, g: int) -> None:
+        """Gap ``g``'s Prefetch: after its Detach, the last compute-stream step that ends by then, and the link
+        Detaches that step does not cover (the memory it needs is free by then)."""
+        p = self.p
+        waits = []
+        if g in self.detach_step:
+            waits.append(self.detach_step[g])
+        j = bisect.bisect_right(self.cs_ends, time) - 1
+        cover = -1
+        if j >= 0:
+            waits.append(self.cs_ids[j])
+            cover = self.cs_cover[j]
+        lo = bisect.bisect_right(self.link_detach_times, cover)
+        hi = bisect.bisect_right(self.link_detach_times, time)
+        waits.extend(self.link_detach_ids[lo:hi])
+        link = p.tiers[self.a.off[g]].fetch_link
+        self.prefetch_step[g] = self.pb.prefetch(p.tensors[p.gaps[g].tensor].name, link, waits)
