@@ -262,129 +262,163 @@ def next_window(p: Problem, inc: Incumbent, w: int, tried) -> tuple[int, int] | 
 
 
 def window_frame(p: Problem, inc: Incumbent, i: int, j: int) -> Frame:
-    """The frame of the window of ops at positions [i, j) of the incumbent's compute order."""
+    """The frame of the window of ops at positions [i, j) of the incumbent's compute order: which decisions may
+    change (those whose every transfer and residency stays inside the region), the rest fixed."""
     a = inc.asg
-    n = len(p.ops)
-    order = sorted(range(n), key=lambda o: a.start[o])
-    posn = [0] * n
-    for k, o in enumerate(order):
-        posn[o] = k
-    lo = a.start[order[i]]
-    ops_hi = a.start[order[j]] if j < n else p.horizon
-    # Transfers and memory are modelled past the window's ops, over the next ``lookahead`` ops, so that the
-    # window can offload a tensor whose Prefetch comes after it.
-    k = min(n, j + (j - i) * LOOKAHEAD)
-    hi = a.start[order[k]] if k < n else p.horizon
-    ops = set(order[i:j])
-    f = Frame(lo=lo, hi=hi, inc=a, ops=ops, whole=False, final=j >= n, ops_hi=ops_hi)
+    w = _Window.of(p, a, i, j)
+    f = Frame(lo=w.lo, hi=w.hi, inc=a, ops=w.ops, whole=False, final=j >= len(p.ops), ops_hi=w.ops_hi)
+    cand, touched = _candidate_gaps(p, a, w)
+    for g in sorted(cand):
+        _free_gap(p, a, w, f, g)
+    _settle_slots(p, a, w, f)
+    _free_tensors(p, a, w, f, touched)
+    return f
 
-    def in_window(o):
-        return i <= posn[o] < j
 
-    def before_end(o):  # in the prefix or the window
-        return posn[o] < j
+@dataclass(frozen=True)
+class _Window:
+    """Ops at positions [i, j) of the incumbent's compute order, and the region [lo, hi] around them."""
 
-    def after_start(o):  # in the window or the suffix
-        return posn[o] >= i
+    i: int
+    j: int
+    posn: list[int]  # op -> its position in the incumbent's compute order
+    ops: set[int]
+    lo: int
+    hi: int
+    ops_hi: int
 
-    def inside(t0, t1):
-        return lo <= t0 and t1 <= hi
+    @classmethod
+    def of(cls, p: Problem, a: Assignment, i: int, j: int) -> _Window:
+        n = len(p.ops)
+        order = sorted(range(n), key=lambda o: a.start[o])
+        posn = [0] * n
+        for k, o in enumerate(order):
+            posn[o] = k
+        # Transfers and memory are modelled past the window's ops, over the next ``lookahead`` ops, so that the
+        # window can offload a tensor whose Prefetch comes after it.
+        k = min(n, j + (j - i) * LOOKAHEAD)
+        return cls(i, j, posn, set(order[i:j]), a.start[order[i]], a.start[order[k]] if k < n else p.horizon,
+                   a.start[order[j]] if j < n else p.horizon)
 
+    def in_window(self, o: int) -> bool:
+        return self.i <= self.posn[o] < self.j
+
+    def before_end(self, o: int) -> bool:
+        """In the prefix or the window."""
+        return self.posn[o] < self.j
+
+    def after_start(self, o: int) -> bool:
+        """In the window or the suffix."""
+        return self.posn[o] >= self.i
+
+    def inside(self, t0: int, t1: int) -> bool:
+        return self.lo <= t0 and t1 <= self.hi
+
+
+def _candidate_gaps(p: Problem, a: Assignment, w: _Window) -> tuple[set[int], set[int]]:
+    """(the gaps whose decision the window may change, the tensors its ops touch): the gaps of those tensors,
+    offloaded gaps whose transfers fall in the region, and the largest tensors kept on HBM across it."""
     cand: set[int] = set()
-    touched = set()
-    for o in ops:
+    touched: set[int] = set()
+    for o in w.ops:
         touched.update(p.ops[o].reads)
         touched.update(p.ops[o].outputs)
     for t in touched:
         cand.update(p.tensors[t].gaps)
-    # Offloaded gaps whose transfers fall in the region.
     for g in a.off:
         gap = p.gaps[g]
-        if gap.has_fetch and lo <= a.prefetch[g] < hi:
+        if gap.has_fetch and w.lo <= a.prefetch[g] < w.hi:
             cand.add(g)
-        if gap.kind != "init" and lo <= a.detach[g] < hi:
+        if gap.kind != "init" and w.lo <= a.detach[g] < w.hi:
             cand.add(g)
     for s in a.store:
-        if lo <= a.store_start[s] < hi:
+        if w.lo <= a.store_start[s] < w.hi:
             cand.update(p.slots[s].gaps)
-    # Large tensors kept on HBM across the whole region: the window may offload them.
     spanning = []
     for gap in p.gaps:
         if gap.index in cand or gap.index in a.off or gap.kind == "init":
             continue
         t = p.tensors[gap.tensor]
         bef = list(gap.before) or ([t.producer] if t.producer is not None else [])
-        if all(posn[u] < i for u in bef) and gap.after and all(posn[u] >= j for u in gap.after):
+        if all(w.posn[u] < w.i for u in bef) and gap.after and all(w.posn[u] >= w.j for u in gap.after):
             spanning.append((-t.nbytes, gap.index))
     spanning.sort()
     cand.update(g for _b, g in spanning[:SPANNING_GAPS])
+    return cand, touched
 
-    for g in sorted(cand):
-        gap = p.gaps[g]
-        t = p.tensors[gap.tensor]
-        users = t.users
-        bset = list(users[:gap.n_before]) + ([t.producer] if t.producer is not None else [])
-        aset = users[gap.n_before:]
-        if not all(before_end(u) for u in bset) or not all(after_start(u) for u in aset):
-            continue
-        on = g in a.off
-        tier = a.off.get(g)
-        fetch_ok = not gap.has_fetch or (on and inside(a.prefetch[g], a.prefetch[g] + gap.fetch[tier]))
-        slot_ok = gap.slot is None or _slot_movable(p, a, gap.slot, lo, hi, before_end)
-        if gap.kind == "init":
-            if fetch_ok and inside(a.prefetch[g], a.prefetch[g] + gap.fetch[tier]):
-                f.free_prefetch.add(g)
-            continue
-        # The decision can change only if every transfer it adds or removes, and every residency it adds, fits
-        # in the region (keeping a tensor an offloaded end gap dropped holds it to the end of the step).
-        # A required gap (the Store back to a pinned home) stays offloaded; only its times may move.
-        if not gap.mandatory and ((not on and slot_ok) or (on and fetch_ok and slot_ok and (gap.has_fetch or f.final))):
-            f.free_offload.add(g)
-            f.free_detach.add(g)
+
+def _free_gap(p: Problem, a: Assignment, w: _Window, f: Frame, g: int) -> None:
+    """Free in ``f`` what of candidate gap ``g`` can change inside the region: its offload decision when every
+    transfer it adds or removes and every residency it adds fits there, else only the times that can move."""
+    gap = p.gaps[g]
+    t = p.tensors[gap.tensor]
+    users = t.users
+    bset = list(users[:gap.n_before]) + ([t.producer] if t.producer is not None else [])
+    aset = users[gap.n_before:]
+    if not all(w.before_end(u) for u in bset) or not all(w.after_start(u) for u in aset):
+        return
+    on = g in a.off
+    tier = a.off.get(g)
+    fetch_ok = not gap.has_fetch or (on and w.inside(a.prefetch[g], a.prefetch[g] + gap.fetch[tier]))
+    slot_ok = gap.slot is None or _slot_movable(p, a, gap.slot, w.lo, w.hi, w.before_end)
+    if gap.kind == "init":
+        if fetch_ok and w.inside(a.prefetch[g], a.prefetch[g] + gap.fetch[tier]):
             f.free_prefetch.add(g)
-            if gap.slot is not None:
-                f.free_store_tier.add(gap.slot)
-                f.free_store_start.add(gap.slot)
-        else:
-            if on and fetch_ok and gap.has_fetch:
-                f.free_prefetch.add(g)
-            if any(in_window(u) for u in gap.before):
-                f.free_detach.add(g)
-                if not on:
-                    f.free_prefetch.add(g)  # X = Y = the end of a window op
-            if gap.slot is not None and on and _slot_movable(p, a, gap.slot, lo, hi, before_end) \
-                    and gap.slot in a.store:
-                f.free_store_start.add(gap.slot)
-                f.free_detach.add(g)
-    # A slot's presence is free only if no fixed offloaded gap needs its Store.
+        return
+    # Keeping a tensor an offloaded end gap dropped holds it to the end of the step, hence f.final. A required
+    # gap (the Store back to a pinned home) stays offloaded; only its times may move.
+    if not gap.mandatory and ((not on and slot_ok) or (on and fetch_ok and slot_ok and (gap.has_fetch or f.final))):
+        f.free_offload.add(g)
+        f.free_detach.add(g)
+        f.free_prefetch.add(g)
+        if gap.slot is not None:
+            f.free_store_tier.add(gap.slot)
+            f.free_store_start.add(gap.slot)
+        return
+    if on and fetch_ok and gap.has_fetch:
+        f.free_prefetch.add(g)
+    if any(w.in_window(u) for u in gap.before):
+        f.free_detach.add(g)
+        if not on:
+            f.free_prefetch.add(g)  # Detach = Prefetch = the end of a window op
+    if gap.slot is not None and on and _slot_movable(p, a, gap.slot, w.lo, w.hi, w.before_end) \
+            and gap.slot in a.store:
+        f.free_store_start.add(gap.slot)
+        f.free_detach.add(g)
+
+
+def _settle_slots(p: Problem, a: Assignment, w: _Window, f: Frame) -> None:
+    """A slot's Store presence is free only if no fixed offloaded gap needs it; a Store that moves frees the
+    Detaches that wait for it, or stays put when one of those cannot move."""
     for s in list(f.free_store_tier):
         for g in p.slots[s].gaps:
             if g in a.off and g not in f.free_offload:
                 f.free_store_tier.discard(s)
-    # Gaps whose Detach depends on a Store that moves.
     for s in sorted(f.free_store_start):
         for g in p.slots[s].gaps:
             if g in a.off and g not in f.free_detach:
-                if lo <= a.detach[g] <= hi or g in f.free_offload:
+                if w.lo <= a.detach[g] <= w.hi or g in f.free_offload:
                     f.free_detach.add(g)
                 else:
                     f.free_store_start.discard(s)
                     f.free_store_tier.discard(s)
                     break
-    # Ends of tensors freed after their last use: free when a user is in the window and none after it.
+
+
+def _free_tensors(p: Problem, a: Assignment, w: _Window, f: Frame, touched: set[int]) -> None:
+    """Per tensor: the end of a tensor freed after its last use is free when a user is in the window and none
+    after it; the tier choice is free for tensors with several tiers and no fixed offload."""
     for t in touched:
         ti = p.tensors[t]
         if not ti.modelled or ti.until_end:
             continue
         us = list(ti.users) + ([ti.producer] if ti.producer is not None else [])
-        if any(in_window(u) for u in us) and all(before_end(u) for u in us):
+        if any(w.in_window(u) for u in us) and all(w.before_end(u) for u in us):
             f.free_end.add(t)
-    # Tier choice: free for tensors with several tiers and no fixed offload.
     for t in touched | {p.gaps[g].tensor for g in f.free_offload}:
         ti = p.tensors[t]
         if len(ti.tiers) > 1 and all(g in f.free_offload or g not in a.off for g in ti.gaps):
             f.free_tier.add(t)
-    return f
 
 
 def _slot_movable(p: Problem, a: Assignment, s: int, lo: int, hi: int, before_end) -> bool:
