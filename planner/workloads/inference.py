@@ -74,15 +74,7 @@ def long_context_inference(model: str = "deepseek-v3", seq_len: int = 65536, dec
         raise InputError(src, "--selection-reuse", f"must be between 0 and 1, got {selection_reuse!r}")
     dtype = canonical_dtype(dtype, "--dtype", src)
     kv_dtype = canonical_dtype(kv_dtype or dtype, "--kv-dtype", src)
-    if model == "deepseek-v3":
-        ep = 16 if ep is None else check_int(ep, "--ep", src)
-        spec: _Model = _DeepSeek(DEEPSEEK_V3, tp, ep, dtype, canonical_dtype(weight_dtype or "float8e4m3fn",
-                                                                             "--weight-dtype", src), src)
-    else:
-        if ep not in (None, 1):
-            raise InputError(src, "--ep", "llama3-8b has no experts")
-        ep = 1
-        spec = _Llama(LLAMA3_8B, tp, dtype, canonical_dtype(weight_dtype or dtype, "--weight-dtype", src), src)
+    spec, ep = _model_spec(model, tp, ep, dtype, weight_dtype, src)
     first_layer = check_int(first_layer, "--first-layer", src, minimum=0)
     n_layers = spec.n_layers - first_layer if layers is None else check_int(layers, "--layers", src)
     if first_layer + n_layers > spec.n_layers:
@@ -96,78 +88,14 @@ def long_context_inference(model: str = "deepseek-v3", seq_len: int = 65536, dec
     b = GraphBuilder(gname, src)
     spec.declare_weights(b, layer_ids, weight_home)
     kv = _KVCache(b, spec, layer_ids, batch, block, kv_dtype, nsa, cmp_block, cmp_stride, total)
-    nsa_cfg = dict(selected=selected_blocks, window=window, reuse=selection_reuse)
-    rngs = {lid: random.Random(seed * 1_000_003 + lid) for lid in layer_ids}
-    route_rng = random.Random(seed * 1_000_003 + 999_983)
-    prev_sel: dict[int, list[int]] = {lid: [] for lid in layer_ids}
-    decode_reads: list[int] = []
-    flops = {"prefill": 0.0, "decode": 0.0, "attention_prefill": 0.0, "attention_decode": 0.0}
-
-    # Prefill, chunk by chunk.
-    starts = list(range(0, seq_len, prefill_chunk))
+    run = _Steps(b, spec, kv, layer_ids, batch, dtype, nsa, block, window, cmp_block, cmp_stride, selected_blocks,
+                 selection_reuse, seed)
     token = None
-    for c, s0 in enumerate(starts):
-        s1 = min(seq_len, s0 + prefill_chunk)
-        n = s1 - s0
-        pfx = f"p{c}."
-        f0 = _ops_flops(b)
-        toks = b.tensor(pfx + "prompt", (batch, n), "int32", "input")
-        x = spec.embed(b, pfx, toks, batch, n)
-        keys = _prefill_keys(s0, s1, nsa, cmp_block, cmp_stride, selected_blocks * block, window)
-        for lid in layer_ids:
-            L = f"{pfx}L{lid}."
-            q, kv_new = spec.pre_attention(b, L, lid, x, batch, n)
-            kv.write(L, lid, kv_new, s0, s1)
-            inputs = [q] + ([kv.cmp[lid]] if nsa and lid in kv.cmp else []) + kv.blocks_upto(lid, s1 - 1)
-            o = b.tensor(L + "attn_latent" if spec.latent else L + "attn", (batch, n, spec.heads * spec.dv), dtype)
-            af = batch * spec.heads * 2 * (spec.dqk + spec.dv) * keys
-            b.op(L + ("nsa_attention" if nsa else "attention"), "NSAPrefillAttention" if nsa else "FlashAttention",
-                 inputs, (o,), flops=af)
-            flops["attention_prefill"] += af
-            x = spec.post_attention(b, L, lid, o, x, batch, n, None)
-        if s1 == seq_len:
-            token = spec.lm_head(b, pfx, x, batch, "t0")
-        flops["prefill"] += _ops_flops(b) - f0
-
-    # Decode steps.
+    for c, s0 in enumerate(range(0, seq_len, prefill_chunk)):
+        token = run.prefill(c, s0, min(seq_len, s0 + prefill_chunk), seq_len) or token
     for t in range(decode_steps):
-        p = seq_len + t
-        pfx = f"d{t}."
-        f0 = _ops_flops(b)
-        x = spec.embed(b, pfx, token, batch, 1)
-        step_reads = 0
-        for lid in layer_ids:
-            L = f"{pfx}L{lid}."
-            q, kv_new = spec.pre_attention(b, L, lid, x, batch, 1)
-            kv.append(L, lid, kv_new, p)
-            o = b.tensor(L + "attn_latent" if spec.latent else L + "attn", (batch, 1, spec.heads * spec.dv), dtype)
-            per_key = batch * spec.heads * 2 * (spec.dqk + spec.dv)
-            if nsa:
-                ncmp = _n_cmp(p + 1, cmp_block, cmp_stride)
-                sel = _select(rngs[lid], prev_sel, lid, p, block, nsa_cfg)
-                win = list(range(max(0, p - window + 1) // block, p // block + 1))
-                reads = sorted(set(sel) | set(win))
-                step_reads += len(reads)
-                o_cmp = b.tensor(L + "o_cmp", (batch, 1, spec.heads * spec.dv), dtype)
-                scores = b.tensor(L + "block_scores", (batch, kv.n_blocks), "float32")
-                cmp_in = [kv.cmp[lid]] if lid in kv.cmp else []
-                b.op(L + "nsa_compressed", "NSACompressedAttention", [q, *cmp_in], (o_cmp, scores),
-                     flops=per_key * ncmp)
-                sel_tokens = sum(min(block, p + 1 - j * block) for j in sel)
-                win_tokens = min(window, p + 1)
-                blocks = [kv.block_name(lid, j) for j in reads]
-                b.op(L + "nsa_sparse", "NSASparseAttention", [q, scores, o_cmp, *blocks], (o,),
-                     flops=per_key * (sel_tokens + win_tokens))
-                flops["attention_decode"] += per_key * (ncmp + sel_tokens + win_tokens)
-            else:
-                reads = kv.blocks_upto(lid, p)
-                step_reads += len(reads)
-                b.op(L + "attention", "DecodeAttention", [q, *reads], (o,), flops=per_key * (p + 1))
-                flops["attention_decode"] += per_key * (p + 1)
-            x = spec.post_attention(b, L, lid, o, x, batch, 1, route_rng)
-        token = spec.lm_head(b, pfx, x, batch, f"t{t + 1}")
-        decode_reads.append(step_reads)
-        flops["decode"] += _ops_flops(b) - f0
+        token = run.decode(t, seq_len + t, token)
+    flops, decode_reads = run.flops, run.decode_reads
 
     kv_bytes = sum(b.nbytes(n) for lid in layer_ids for n in kv.blocks[lid].values())
     cmp_bytes = sum(b.nbytes(n) for n in kv.cmp.values())
@@ -190,6 +118,107 @@ def long_context_inference(model: str = "deepseek-v3", seq_len: int = 65536, dec
     graph = b.build(metadata)
     graph.metadata["bytes_by_kind"] = bytes_by_kind(graph)
     return graph
+
+
+def _model_spec(model: str, tp: int, ep: int | None, dtype: str, weight_dtype: str | None, src: str
+                ) -> tuple[_Model, int]:
+    """The model's layer builder and its expert-parallel degree (DeepSeek-V3: 16 unless given; LLaMA: 1)."""
+    if model == "deepseek-v3":
+        ep = 16 if ep is None else check_int(ep, "--ep", src)
+        return _DeepSeek(DEEPSEEK_V3, tp, ep, dtype, canonical_dtype(weight_dtype or "float8e4m3fn", "--weight-dtype",
+                                                                     src), src), ep
+    if ep not in (None, 1):
+        raise InputError(src, "--ep", "llama3-8b has no experts")
+    return _Llama(LLAMA3_8B, tp, dtype, canonical_dtype(weight_dtype or dtype, "--weight-dtype", src), src), 1
+
+
+class _Steps:
+    """Adds the prefill chunks and decode steps to the graph, layer by layer, counting FLOPs as it goes."""
+
+    def __init__(self, b: GraphBuilder, spec: _Model, kv: _KVCache, layer_ids: list[int], batch: int, dtype: str,
+                 nsa: bool, block: int, window: int, cmp_block: int, cmp_stride: int, selected_blocks: int,
+                 selection_reuse: float, seed: int) -> None:
+        self.b, self.spec, self.kv, self.layer_ids, self.batch, self.dtype = b, spec, kv, layer_ids, batch, dtype
+        self.nsa, self.block, self.window = nsa, block, window
+        self.cmp_block, self.cmp_stride, self.selected_blocks = cmp_block, cmp_stride, selected_blocks
+        self.nsa_cfg = dict(selected=selected_blocks, window=window, reuse=selection_reuse)
+        self.rngs = {lid: random.Random(seed * 1_000_003 + lid) for lid in layer_ids}
+        self.route_rng = random.Random(seed * 1_000_003 + 999_983)
+        self.prev_sel: dict[int, list[int]] = {lid: [] for lid in layer_ids}
+        self.decode_reads: list[int] = []
+        self.flops = {"prefill": 0.0, "decode": 0.0, "attention_prefill": 0.0, "attention_decode": 0.0}
+
+    def prefill(self, c: int, s0: int, s1: int, seq_len: int) -> str | None:
+        """Prefill chunk ``c``, tokens [s0, s1); the first generated token when it is the last chunk."""
+        b, spec, kv, batch = self.b, self.spec, self.kv, self.batch
+        n = s1 - s0
+        pfx = f"p{c}."
+        f0 = _ops_flops(b)
+        toks = b.tensor(pfx + "prompt", (batch, n), "int32", "input")
+        x = spec.embed(b, pfx, toks, batch, n)
+        keys = _prefill_keys(s0, s1, self.nsa, self.cmp_block, self.cmp_stride, self.selected_blocks * self.block,
+                             self.window)
+        for lid in self.layer_ids:
+            L = f"{pfx}L{lid}."
+            q, kv_new = spec.pre_attention(b, L, lid, x, batch, n)
+            kv.write(L, lid, kv_new, s0, s1)
+            inputs = [q] + ([kv.cmp[lid]] if self.nsa and lid in kv.cmp else []) + kv.blocks_upto(lid, s1 - 1)
+            o = b.tensor(L + "attn_latent" if spec.latent else L + "attn", (batch, n, spec.heads * spec.dv),
+                         self.dtype)
+            af = batch * spec.heads * 2 * (spec.dqk + spec.dv) * keys
+            b.op(L + ("nsa_attention" if self.nsa else "attention"),
+                 "NSAPrefillAttention" if self.nsa else "FlashAttention", inputs, (o,), flops=af)
+            self.flops["attention_prefill"] += af
+            x = spec.post_attention(b, L, lid, o, x, batch, n, None)
+        token = spec.lm_head(b, pfx, x, batch, "t0") if s1 == seq_len else None
+        self.flops["prefill"] += _ops_flops(b) - f0
+        return token
+
+    def decode(self, t: int, p: int, token: str) -> str:
+        """Decode step ``t`` at position ``p``; the token it generates."""
+        b, spec, batch = self.b, self.spec, self.batch
+        pfx = f"d{t}."
+        f0 = _ops_flops(b)
+        x = spec.embed(b, pfx, token, batch, 1)
+        step_reads = 0
+        for lid in self.layer_ids:
+            L = f"{pfx}L{lid}."
+            q, kv_new = spec.pre_attention(b, L, lid, x, batch, 1)
+            self.kv.append(L, lid, kv_new, p)
+            o = b.tensor(L + "attn_latent" if spec.latent else L + "attn", (batch, 1, spec.heads * spec.dv),
+                         self.dtype)
+            step_reads += self._decode_attention(L, lid, p, q, o)
+            x = spec.post_attention(b, L, lid, o, x, batch, 1, self.route_rng)
+        token = spec.lm_head(b, pfx, x, batch, f"t{t + 1}")
+        self.decode_reads.append(step_reads)
+        self.flops["decode"] += _ops_flops(b) - f0
+        return token
+
+    def _decode_attention(self, L: str, lid: int, p: int, q: str, o: str) -> int:
+        """Layer ``lid``'s attention at decode position ``p``: NSA's compressed then sparse attention over the
+        selected and window blocks, or dense attention over every block. Returns the KV blocks it reads."""
+        b, spec, kv, batch, block = self.b, self.spec, self.kv, self.batch, self.block
+        per_key = batch * spec.heads * 2 * (spec.dqk + spec.dv)
+        if not self.nsa:
+            reads = kv.blocks_upto(lid, p)
+            b.op(L + "attention", "DecodeAttention", [q, *reads], (o,), flops=per_key * (p + 1))
+            self.flops["attention_decode"] += per_key * (p + 1)
+            return len(reads)
+        ncmp = _n_cmp(p + 1, self.cmp_block, self.cmp_stride)
+        sel = _select(self.rngs[lid], self.prev_sel, lid, p, block, self.nsa_cfg)
+        win = list(range(max(0, p - self.window + 1) // block, p // block + 1))
+        read_ids = sorted(set(sel) | set(win))
+        o_cmp = b.tensor(L + "o_cmp", (batch, 1, spec.heads * spec.dv), self.dtype)
+        scores = b.tensor(L + "block_scores", (batch, kv.n_blocks), "float32")
+        cmp_in = [kv.cmp[lid]] if lid in kv.cmp else []
+        b.op(L + "nsa_compressed", "NSACompressedAttention", [q, *cmp_in], (o_cmp, scores), flops=per_key * ncmp)
+        sel_tokens = sum(min(block, p + 1 - j * block) for j in sel)
+        win_tokens = min(self.window, p + 1)
+        blocks = [kv.block_name(lid, j) for j in read_ids]
+        b.op(L + "nsa_sparse", "NSASparseAttention", [q, scores, o_cmp, *blocks], (o,),
+             flops=per_key * (sel_tokens + win_tokens))
+        self.flops["attention_decode"] += per_key * (ncmp + sel_tokens + win_tokens)
+        return len(read_ids)
 
 
 def _dtype_bytes(dtype: str) -> float:
