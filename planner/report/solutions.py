@@ -11,7 +11,7 @@ cpsat with a 10 s limit and one worker, which makes it deterministic). The sched
 plan with the lowest makespan (ties: fewer bytes moved, then the earlier planner in the list), written to
 ``solutions/<entry>.schedule.json``.
 
-``tests/test_solutions.py`` checks that every file still validates and that re-planning with the planner that
+``tests/report/test_solutions.py`` checks that every file still validates and that re-planning with the planner that
 made it is no worse than the file by more than ``TOLERANCE``.
 """
 

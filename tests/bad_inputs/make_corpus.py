@@ -3,7 +3,7 @@
     cd tests/bad_inputs && python make_corpus.py
 
 Every case is a command line (run from this folder) that must exit 2 with exactly one line on stderr naming the
-file or "command line" (``source``) and no traceback: ``tests/test_bad_inputs.py`` runs them all. The edited
+file or "command line" (``source``) and no traceback: ``tests/cli/test_bad_inputs.py`` runs them all. The edited
 schedules start from ``tiny.greedy.schedule.json`` (``ho-plan tiny.json --hbm 9MB --planner greedy -o ...``); if
 the schedule format changes, remake that file first, then run this script.
 """

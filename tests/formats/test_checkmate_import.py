@@ -18,7 +18,7 @@ from planner.formats import load_graph
 from planner.formats.checkmate import DEFAULT_TIME_UNIT_S, graph_from_node_link
 from planner.graph import TensorKind
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+SHARED = Path(__file__).resolve().parents[3] / "shared"
 CHECKMATE = SHARED / "graphs" / "checkmate"
 FILES = sorted(CHECKMATE.glob("*.json")) if CHECKMATE.is_dir() else []
 needs_shared = pytest.mark.skipif(not FILES, reason="../shared/graphs/checkmate is not here")

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from planner.cli import main
 
-HERE = Path(__file__).parent / "bad_inputs"
+HERE = Path(__file__).resolve().parents[1] / "bad_inputs"
 CASES = json.loads((HERE / "cases.json").read_text())
 
 
