@@ -6,20 +6,25 @@ to a JSON file with ``-o``.
 
 from __future__ import annotations
 
+import datetime
 import json
+import os
+import platform
 import tempfile
 import time
 from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from planner import bench
-from planner.cli.main import main, run_guarded
+from planner.cli.main import command_line, main, run_guarded
 from planner.errors import InputError
 from planner.fileio import write_atomic
 from planner.planners import get_spec
+from planner.report.writer import markdown_table
 from planner.units import format_bytes
 
 BENCH_EXAMPLES = """
@@ -50,8 +55,11 @@ Examples:
 @click.option("--scale-layers", type=int, default=None, help="scale suite: layers per graph (default: the presets').")
 @click.option("--repeats", type=int, default=1, show_default=True, help="scale suite: executor runs (best kept).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write every row as JSON.")
+@click.option("--markdown", type=click.Path(dir_okay=False),
+              help="Also write the table and its summary as a Markdown page (e.g. docs/measured/bench-quick.md), "
+                   "headed by the command that made it: measured figures in the docs come from here, not by hand.")
 def bench_cmd(suites, quick, only, budgets, planners, time_limit, seed, workers, scale_hbm, scale_layers, repeats,
-              output):
+              output, markdown):
     """Run the benchmark suite and print greedy against cpsat per graph and budget."""
 
     def go():
@@ -59,7 +67,7 @@ def bench_cmd(suites, quick, only, budgets, planners, time_limit, seed, workers,
         if "scale" in names_given:
             if len(names_given) > 1:
                 raise InputError("command line", "--suite", "scale runs on its own")
-            _scale(bench, scale_hbm or bench.SCALE_HBM, scale_layers, repeats, output)
+            _scale(bench, scale_hbm or bench.SCALE_HBM, scale_layers, repeats, output, markdown)
             return
 
         try:
@@ -86,14 +94,11 @@ def bench_cmd(suites, quick, only, budgets, planners, time_limit, seed, workers,
             rows.extend(bench.run_case(case, fractions, names, time_limit, seed, workers, progress))
             if output:
                 write_atomic(output, json.dumps({"rows": rows, "comparison": bench.compare(rows)}, indent=1))
-        out = Console()
-        if not out.is_terminal:
-            out = Console(width=160)  # a file or a pipe: do not squeeze the table to 80 columns
-        out.print(_table(rows))
+        summary: list[str] = []
         for r in rows:
             if r.get("valid") and r.get("phases_us"):
                 ph, ref = r["phases_us"], r["no_offload_phases_us"]
-                click.echo(f"{_graph_cell(r)} at {r['budget_fraction']:.0%}, {r.get('planner_run', r['planner'])}: "
+                summary.append(f"{_graph_cell(r)} at {r['budget_fraction']:.0%}, {r.get('planner_run', r['planner'])}: "
                            f"prefill {ph['prefill_us'] / 1000:.1f} ms (no offload {ref['prefill_us'] / 1000:.1f}), "
                            f"decode {ph['decode_us_per_step'] / 1000:.2f} ms/step "
                            f"(no offload {ref['decode_us_per_step'] / 1000:.2f}); weights start "
@@ -101,22 +106,51 @@ def bench_cmd(suites, quick, only, budgets, planners, time_limit, seed, workers,
                                        (r.get("start_placement") or {}).get("weight", {}).items()))
         gaps = bench.true_gaps(rows)
         if gaps:
-            click.echo("true gap to the exact optimum (planner/planners/exact.py):")
+            summary.append("true gap to the exact optimum (planner/planners/exact.py):")
             for name in dict.fromkeys(g["planner"] for g in gaps):
                 mine = sorted(g["gap"] for g in gaps if g["planner"] == name)
-                click.echo(f"  {name}: median {mine[len(mine) // 2]:+.2%}, max {mine[-1]:+.2%}, optimal on "
+                summary.append(f"  {name}: median {mine[len(mine) // 2]:+.2%}, max {mine[-1]:+.2%}, optimal on "
                            f"{sum(1 for g in mine if g <= 1e-9)} of {len(mine)} cases")
         cmp = bench.compare(rows)
         if cmp:
             better = sum(1 for c in cmp if c["change"] < -1e-9)
             worse = sum(1 for c in cmp if c["change"] > 1e-9)
-            click.echo(f"cpsat vs greedy: faster on {better}, slower on {worse}, equal on {len(cmp) - better - worse} "
-                       f"of {len(cmp)} cases")
+            summary.append(f"cpsat vs greedy: faster on {better}, slower on {worse}, "
+                           f"equal on {len(cmp) - better - worse} of {len(cmp)} cases")
+        headers, cells = _cells(rows)
+        _show("ho-plan bench", headers, cells, summary, markdown)
 
     run_guarded(go)
 
 
-def _scale(bench, hbm: str, layers: int | None, repeats: int, output: str | None) -> None:
+def _show(title: str, headers: list[str], cells: list[list[str]], summary: list[str], markdown: str | None) -> None:
+    """The table on stdout (rich), the summary lines after it, and the Markdown page when asked."""
+    t = Table(title=title, title_justify="left")
+    for i, col in enumerate(headers):
+        t.add_column(col, justify="left" if i == 0 or col == "planner" else "right")
+    for row in cells:
+        t.add_row(*(escape(c) for c in row))
+    out = Console()
+    if not out.is_terminal:
+        out = Console(width=160)  # a file or a pipe: do not squeeze the table to 80 columns
+    out.print(t)
+    for line in summary:
+        click.echo(line)
+    if markdown:
+        write_atomic(markdown, bench_markdown(title, headers, cells, summary))
+
+
+def bench_markdown(title: str, headers: list[str], cells: list[list[str]], summary: list[str]) -> str:
+    """The page ``--markdown`` writes: the command that made it, when and where, the table and the summary."""
+    made = (f"Written by `{command_line()}` on {datetime.date.today().isoformat()}, {os.cpu_count()} cores "
+            f"({platform.machine()}). Rerun the command to update this page; do not edit it by hand.")
+    body = [f"# {title}", "", made, "", markdown_table(headers, cells)]
+    if summary:
+        body += ["", "```text", *summary, "```"]
+    return "\n".join(body) + "\n"
+
+
+def _scale(bench, hbm: str, layers: int | None, repeats: int, output: str | None, markdown: str | None) -> None:
     err = Console(stderr=True)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="ho-plan-scale-") as tmp:
@@ -125,10 +159,8 @@ def _scale(bench, hbm: str, layers: int | None, repeats: int, output: str | None
                                                             highlight=False))
     if output:
         write_atomic(output, json.dumps({"scale": rows}, indent=1))
-    t = Table(title=f"ho-plan bench --suite scale (HBM {hbm})", title_justify="left")
-    for col in ("graph", "ops", "steps", "greedy command", "greedy", "executor", "+ caching allocator",
-                "+ static offsets"):
-        t.add_column(col, justify="left" if col == "graph" else "right")
+    headers = ["graph", "ops", "steps", "greedy command", "greedy", "executor", "+ caching allocator",
+               "+ static offsets"]
 
     def rate(r: dict, model: str) -> str:
         s = r.get(f"executor_{model}_s")
@@ -136,31 +168,29 @@ def _scale(bench, hbm: str, layers: int | None, repeats: int, output: str | None
             return ""
         return f"{s:.2f} s ({r[f'executor_{model}_steps_per_s'] / 1000:.0f}k steps/s)"
 
+    cells = []
     for r in rows:
         cmd = f"{r['command_s']:.1f} s" + ("" if r["command_exit"] == 0 else f" (exit {r['command_exit']})")
-        t.add_row(r["graph"], str(r["ops"]), str(r["steps"]), cmd, f"{r['greedy_s']:.1f} s", rate(r, "none"),
-                  rate(r, "caching"), rate(r, "static"))
-    out = Console()
-    if not out.is_terminal:
-        out = Console(width=160)
-    out.print(t)
+        cells.append([r["graph"], str(r["ops"]), str(r["steps"]), cmd, f"{r['greedy_s']:.1f} s", rate(r, "none"),
+                      rate(r, "caching"), rate(r, "static")])
+    _show(f"ho-plan bench --suite scale (HBM {hbm})", headers, cells, [], markdown)
 
 
-def _table(rows: list[dict]) -> Table:
-    t = Table(title="ho-plan bench", title_justify="left")
-    for col in ("graph", "ops", "budget", "planner", "makespan", "overhead", "peak HBM", "moved", "gap vs bound",
-                "time"):
-        t.add_column(col, justify="left" if col in ("graph", "planner") else "right")
+def _cells(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """(headers, one row of text per bench row)."""
+    headers = ["graph", "ops", "budget", "planner", "makespan", "overhead", "peak HBM", "moved", "gap vs bound",
+               "time"]
+    cells = []
     for r in rows:
+        head = [_graph_cell(r), str(r["ops"]), f"{r['budget_fraction']:.0%}", r.get("planner_run", r["planner"])]
         if not r.get("valid"):
-            t.add_row(_graph_cell(r), str(r["ops"]), f"{r['budget_fraction']:.0%}", r.get("planner_run", r["planner"]),
-                      "[red]invalid[/]", "", "", "", "", f"{r.get('solve_time_s', 0):.1f} s")
+            cells.append(head + ["invalid", "", "", "", "", f"{r.get('solve_time_s', 0):.1f} s"])
             continue
         gap = r.get("gap_vs_bound")
-        t.add_row(_graph_cell(r), str(r["ops"]), f"{r['budget_fraction']:.0%}", r.get("planner_run", r["planner"]),
-                  f"{r['makespan_us'] / 1000:.2f} ms", f"{r['overhead']:+.1%}", format_bytes(r["peak_hbm_bytes"]),
-                  format_bytes(r["bytes_moved"]), "" if gap is None else f"{gap:.1%}", f"{r['solve_time_s']:.1f} s")
-    return t
+        cells.append(head + [f"{r['makespan_us'] / 1000:.2f} ms", f"{r['overhead']:+.1%}",
+                             format_bytes(r["peak_hbm_bytes"]), format_bytes(r["bytes_moved"]),
+                             "" if gap is None else f"{gap:.1%}", f"{r['solve_time_s']:.1f} s"])
+    return headers, cells
 
 
 def _graph_cell(r: dict) -> str:

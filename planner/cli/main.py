@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -117,6 +118,32 @@ def _option_value(text: str):
         return json.loads(text)
     except json.JSONDecodeError:
         return text
+
+
+def command_line() -> str:
+    """The command as given, rebuilt from the parsed parameters (not sys.argv, which differs under test)."""
+    ctx = click.get_current_context()
+    words = ctx.command_path.split()
+    words[0] = "ho-plan"
+    args: list[str] = []
+    for param in ctx.command.params:
+        if ctx.get_parameter_source(param.name) in (ParameterSource.DEFAULT, None):
+            continue
+        value = ctx.params.get(param.name)
+        if isinstance(param, click.Argument):
+            args.append(str(value))
+            continue
+        flag = max(param.opts, key=len)
+        if getattr(param, "is_flag", False):
+            if value:
+                words.append(flag)
+        elif getattr(param, "multiple", False):
+            for v in value:
+                words += [flag, str(v)]
+        elif value is not None:
+            words += [flag, str(value)]
+    return " ".join(shlex.quote(w) for w in words[:len(ctx.command_path.split())] + args + words[
+        len(ctx.command_path.split()):])
 
 
 def run_guarded(fn):

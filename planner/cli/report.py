@@ -8,20 +8,27 @@ from __future__ import annotations
 
 import inspect
 import json
-import shlex
 import sys
 from contextlib import contextmanager
 from pathlib import Path
 
 import click
-from click.core import ParameterSource
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from planner import api
-from planner.cli.main import OneLineGroup, _option_value, _pairs, build_hardware, hardware_options, main, run_guarded
+from planner.cli.main import (
+    OneLineGroup,
+    _option_value,
+    _pairs,
+    build_hardware,
+    command_line,
+    hardware_options,
+    main,
+    run_guarded,
+)
 from planner.errors import InputError
 from planner.fileio import write_atomic
 from planner.planners import REPORT_PLANNERS, get_spec
@@ -144,32 +151,6 @@ def sweep_options(f):
     return f
 
 
-def _command_line() -> str:
-    """The command as given, rebuilt from the parsed parameters (not sys.argv, which differs under test)."""
-    ctx = click.get_current_context()
-    words = ctx.command_path.split()
-    words[0] = "ho-plan"
-    args: list[str] = []
-    for param in ctx.command.params:
-        if ctx.get_parameter_source(param.name) in (ParameterSource.DEFAULT, None):
-            continue
-        value = ctx.params.get(param.name)
-        if isinstance(param, click.Argument):
-            args.append(str(value))
-            continue
-        flag = max(param.opts, key=len)
-        if getattr(param, "is_flag", False):
-            if value:
-                words.append(flag)
-        elif getattr(param, "multiple", False):
-            for v in value:
-                words += [flag, str(v)]
-        elif value is not None:
-            words += [flag, str(value)]
-    return " ".join(shlex.quote(w) for w in words[:len(ctx.command_path.split())] + args + words[
-        len(ctx.command_path.split()):])
-
-
 # -- report -----------------------------------------------------------------------------------------------------
 
 
@@ -222,7 +203,7 @@ def report_cmd(graph_path, planners_text, planner_options, time_limit, jobs, qui
                 sweeps.append(budget_sweep(graph, hw, fr, names, options, jobs, bar("budget sweep")))
             if "bandwidth" in sweep_kinds:
                 sweeps.append(bandwidth_sweep(graph, hw, bw, links, names, options, jobs, bar("bandwidth sweep")))
-        files = write_report(out, cmp, sweeps, command=_command_line(), trace=not no_trace)
+        files = write_report(out, cmp, sweeps, command=command_line(), trace=not no_trace)
         if as_json:
             click.echo(json.dumps({"report": str(files[0]), "rows": cmp.rows}, indent=1))
         else:
@@ -259,7 +240,7 @@ def sweep_group():
 
 def _write_sweep(out: str, sw: dict, as_json: bool) -> None:
     files = write_sweep(Path(out), sw)
-    md = f"# ho-plan sweep: {sw['kind']}\n\nMade by `{_command_line()}`.\n\n" + sweep_markdown(sw)
+    md = f"# ho-plan sweep: {sw['kind']}\n\nMade by `{command_line()}`.\n\n" + sweep_markdown(sw)
     write_atomic(Path(out) / f"sweep-{sw['kind']}.md", md)
     if as_json:
         click.echo(json.dumps(sw, indent=1, sort_keys=True))
@@ -455,7 +436,7 @@ def paper_cmd(out_dir, layers, decode_steps, block, seq_max, max_overhead, train
                           jobs=jobs, options=parse_planner_options(planner_options, None, names))
         with progress_display(not quiet) as bar:
             res = run_paper(cfg, bar)
-        files = write_paper(out_dir, res, _command_line())
+        files = write_paper(out_dir, res, command_line())
 
         click.echo(inference_table(res))
         click.echo()
