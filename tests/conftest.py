@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from planner import api, bench
 from planner.graph import Graph, Op, Tensor, TensorKind
 from planner.hardware import HBM, Hardware, Link, Tier
 
@@ -44,3 +45,47 @@ def chain_graph(sizes=(100, 100, 100), durations_us=(1.0, 1.0, 1.0), weight_home
 @pytest.fixture
 def hw() -> Hardware:
     return simple_hardware()
+
+
+NS = 1e-9
+
+
+def two_fetches() -> Graph:
+    """Two chains, each starting with an op that reads a weight held on the host (200 B: 200 ns per fetch).
+
+    In the graph's order (p1, p2, q1, q2) the second fetch stalls p2; running q1 while w2 arrives does not:
+    fetch w1 [0, 200), p1 [200, 300), q1 [300, 900) while w2 arrives [200, 400), p2, q2: 1600 ns, which is the
+    optimum (no op can start before the first fetch ends, and the compute is 1400 ns).
+    """
+    t = [Tensor("x", 1, TensorKind.INPUT), Tensor("w1", 200, TensorKind.WEIGHT, home="host"),
+         Tensor("w2", 200, TensorKind.WEIGHT, home="host")]
+    ops = []
+    for i in (1, 2):
+        t += [Tensor(f"a{i}", 10), Tensor(f"y{i}", 1, TensorKind.OUTPUT)]
+        ops.append(Op(f"p{i}", "F", ("x", f"w{i}"), (f"a{i}",), duration_s=100 * NS))
+    for i in (1, 2):
+        ops.append(Op(f"q{i}", "F", (f"a{i}",), (f"y{i}",), duration_s=600 * NS))
+    return Graph.build("two_fetches", t, ops)
+
+
+def three_bigs() -> Graph:
+    """Three producers of 100 B tensors, then their consumers: the graph's order holds all three at once
+    (300 B), producing and consuming each in turn holds one (about 100 B). With a 150 B budget and a slow link,
+    reordering alone fits, with no transfer: the optimum is the compute time, 3.5 us."""
+    t = [Tensor("x", 1, TensorKind.INPUT)]
+    ops = []
+    for i in range(3):
+        t += [Tensor(f"big{i}", 100), Tensor(f"small{i}", 1)]
+        ops.append(Op(f"make{i}", "F", ("x",), (f"big{i}",), duration_s=500 * NS))
+    for i in range(3):
+        ops.append(Op(f"use{i}", "F", (f"big{i}",), (f"small{i}",), duration_s=500 * NS))
+    t.append(Tensor("y", 1, TensorKind.OUTPUT))
+    ops.append(Op("join", "F", tuple(f"small{i}" for i in range(3)), ("y",), duration_s=500 * NS))
+    return Graph.build("three_bigs", t, ops)
+
+
+def small_case(name: str, fraction: float) -> tuple[Graph, Hardware]:
+    """A graph of the bench's small suite on ``ascend-910c`` with its slow links, at ``fraction`` of its peak."""
+    g = next(x for x in bench.small_graphs() if x.name == name)
+    peak = api.no_offload_reference(g, api.hardware("ascend-910c", **bench.SMALL_LINKS)).metrics.peak_bytes[HBM]
+    return g, api.hardware("ascend-910c", **{**bench.SMALL_LINKS, "hbm": str(int(peak * fraction))})

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import GRAPHS, simple_hardware
-from test_cpsat import three_bigs, two_fetches
+from conftest import GRAPHS, simple_hardware, three_bigs, two_fetches
 
 from planner import api, bounds
 from planner.executor import simulate

@@ -6,8 +6,7 @@ import json
 from dataclasses import replace
 
 from click.testing import CliRunner
-from conftest import GRAPHS
-from test_exact import small_case
+from conftest import GRAPHS, small_case
 
 from planner import api
 from planner.bounds import makespan_bound

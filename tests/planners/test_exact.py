@@ -4,7 +4,7 @@ and no planner beats."""
 from __future__ import annotations
 
 import pytest
-from conftest import GRAPHS
+from conftest import GRAPHS, small_case
 from hypothesis import given
 from hypothesis import strategies as st
 from test_properties import SMALL_PROPERTY, at_fraction, graphs
@@ -13,16 +13,9 @@ from planner import api, bench
 from planner.bounds import makespan_bounds
 from planner.errors import InputError
 from planner.executor import simulate
-from planner.hardware import HBM
 from planner.planners.exact import MAX_OPS, exact_scale, plan_exact
 from planner.planners.greedy import plan_greedy
 from planner.planners.reactive import plan_reactive
-
-
-def small_case(name: str, fraction: float):
-    g = next(x for x in bench.small_graphs() if x.name == name)
-    peak = api.no_offload_reference(g, api.hardware("ascend-910c", **bench.SMALL_LINKS)).metrics.peak_bytes[HBM]
-    return g, api.hardware("ascend-910c", **{**bench.SMALL_LINKS, "hbm": str(int(peak * fraction))})
 
 
 @pytest.mark.parametrize("name", ["free-weights-6", "fwd-bwd-3", "transformer_block-10"])

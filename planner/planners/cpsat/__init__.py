@@ -7,7 +7,8 @@ bandwidth. ``plan_cpsat`` is the entry point (``solve.py``); the modules are lay
 - ``decode.py``: an assignment turned into a program the executor reproduces;
 - ``worker.py``: solves under a wall-clock limit that holds (a child process killed at its deadline);
 - ``lns.py``: the large-neighbourhood search over windows of the schedule, for large graphs;
-- ``solve.py``: the entry point, fallbacks and the Result record in ``Plan.stats["cpsat"]``.
+- ``solve.py``: the entry point and fallbacks; ``run.py``: the run's limits and its typed ``SearchRecord``, which
+  becomes ``Plan.stats["cpsat"]`` (read as a ``planner.quality.SolverOutcome``).
 """
 
 from planner.planners.cpsat.solve import plan_cpsat, plan_cpsat_timed

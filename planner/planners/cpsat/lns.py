@@ -85,8 +85,8 @@ def improve(run: Run, p: Problem, asg: Assignment, base: Plan, base_tl: Timeline
     else:
         inc = incumbent_from_plan(p, base, base_free)
     problems = check(p, inc.asg)
-    run.stats["model"] = "lns"
-    run.stats["incumbent_feasible"] = not problems
+    run.record.model = "lns"
+    run.record.incumbent_feasible = not problems
     if problems:
         run.notes.append(f"the starting incumbent is not feasible in the scaled model ({problems[0]})")
     compute = sum(o.dur_ns for o in p.ops)
@@ -106,9 +106,9 @@ def improve(run: Run, p: Problem, asg: Assignment, base: Plan, base_tl: Timeline
     if stats.get("wall_stopped"):
         run.notes.append(f"the wall-clock limit stopped {stats['wall_stopped']} window solve(s) before their "
                          "deterministic budget: this run may not be reproducible")
-    run.stats["lns"] = stats
-    run.stats["windows_accepted"] = stats["accepted"]
-    run.stats["status"] = "LNS"
+    run.record.lns = stats
+    run.record.windows_accepted = stats["accepted"]
+    run.record.status = "LNS"
     history.sort(key=lambda c: c[1].metrics.speed_key)
     if base_free is base_tl and not _accept(history[0][1], Incumbent(base, base_tl, inc.asg), objective, limit_ns):
         # Nothing beats the starting plan, whose HBM placement is made (its run is the full one): keep it as is.
@@ -120,29 +120,29 @@ def improve(run: Run, p: Problem, asg: Assignment, base: Plan, base_tl: Timeline
 def _search(run: Run, p: Problem, inc: Incumbent, objective: str, limit_ns: int | None, w: int, compute: int,
             det_budget: float | None, stats: dict, history: list, log: bool) -> Incumbent:
     """The window loop: returns the last incumbent; appends every accepted plan to ``history`` and records why it
-    stopped in ``run.stats["stop"]``."""
+    stopped in ``run.record.stop``."""
     n = len(p.ops)
     tried: set[tuple[int, int, int]] = set()
     while True:
         if inc.makespan <= compute:
             run.notes.append("the makespan reached the compute bound: optimal")
-            run.stats["stop"] = "compute_bound"
+            run.record.stop = "compute_bound"
             break
         # Keep time for deciding HBM placement after the search, and for decoding and running this window.
         left = run.left() - run.final_reserve() - 1.5 * run.sim_s
         if left < 0.5:
-            run.stats["stop"] = "time_limit"
+            run.record.stop = "time_limit"
             if det_budget is not None:
                 run.notes.append("the wall-clock limit ended the search before its deterministic budget: this run "
                                  "may not be reproducible")
             break
         if det_budget is not None and run.det_used >= det_budget:
-            run.stats["stop"] = "time_limit"
+            run.record.stop = "time_limit"
             break
         window = next_window(p, inc, w, tried) if objective != "peak" else peak_window(p, inc, w, tried)
         if window is None:
             if w >= min(n, MAX_WINDOW):
-                run.stats["stop"] = "no_improvement"  # every window tried, at every size
+                run.record.stop = "no_improvement"  # every window tried, at every size
                 break
             w = min(n, MAX_WINDOW, int(w * 1.6))  # every stall tried at this size: try larger windows
             stats["window_ops"].append(w)

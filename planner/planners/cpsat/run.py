@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from planner.executor import simulate
 from planner.graph import Graph
@@ -33,6 +33,63 @@ INTERRUPTED_NOTE = "interrupted: best plan found so far"
 
 
 @dataclass
+class SearchRecord:
+    """What one cpsat run did and found, field by field; ``to_dict`` is the plan's ``stats["cpsat"]``, which
+    ``planner.quality.solver_outcome`` reads into the typed ``SolverOutcome``. Unset fields are left out."""
+
+    # The starting plan.
+    start_planner: str | None = None
+    start_makespan_us: float | None = None
+    start_candidates: dict[str, float] | None = None  # every valid starting plan's makespan, by planner
+    compute_us: float | None = None  # the compute bound: a plan at it is optimal
+    # The scaled problem and the hint.
+    ops: int | None = None
+    gaps: int | None = None
+    slots: int | None = None
+    tick_ns: int | None = None
+    unit_bytes: int | None = None
+    horizon_ticks: int | None = None
+    hint_feasible: bool | None = None
+    incumbent_feasible: bool | None = None  # LNS: the starting assignment, in the scaled model
+    # The search.
+    model: str | None = None  # whole, lns or none
+    status: str | None = None  # CP-SAT's (OPTIMAL, FEASIBLE, ...), LNS for the window search, NOT_RUN
+    stop: str | None = None  # why it stopped: a key of planner.quality.STOP_REASONS
+    build_s: float | None = None
+    variables: int | None = None
+    constraints: int | None = None
+    solver_wall_s: float | None = None
+    deterministic_time: float | None = None
+    solutions: int | None = None
+    log: str | None = None  # CP-SAT's search log, when asked for and not streamed
+    objective_ticks: int | None = None
+    objective_us: float | None = None
+    model_bound_ticks: int | None = None
+    model_bound_us: float | None = None
+    optimal: bool | None = None  # CP-SAT proved its model's optimum
+    lns: dict | None = None  # the window search's counters (windows, accepted, ...)
+    windows_accepted: int | None = None
+    # HBM placement of the result.
+    offset_height_bytes: int | None = None
+    slower_solution_placed: bool | None = None  # a slower solution was kept because its static offsets fit
+    # The result.
+    returned: str | None = None  # cpsat, start or exact
+    exact_optimum_us: float | None = None
+    runtime_s: float | None = None
+    makespan_us: float | None = None
+    peak_hbm_bytes: int | None = None
+    bound_us: float | None = None
+    bound_reason: str | None = None
+    gap_vs_bound: float | None = None
+    gap_vs_model_bound: float | None = None
+    bound_bytes: int | None = None  # the peak objective's bound
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if getattr(self, f.name) is not None}
+
+
+@dataclass
 class Run:
     """What one cpsat run knows: limits, clock, progress sink, notes and stats."""
 
@@ -46,18 +103,24 @@ class Run:
     t0: float = field(default_factory=time.monotonic)
     wall_limit: float | None = None  # seconds for the deadline when less than time_limit is left
     notes: list[str] = field(default_factory=list)
-    stats: dict = field(default_factory=dict)
+    record: SearchRecord = field(default_factory=SearchRecord)
     det_used: float = 0.0
     sim_s: float = 0.0  # the longest executor run (without the allocator model) so far: estimates the next ones
     log_sink: LogSink | None = None  # receives CP-SAT's search log, line by line
     interrupted: bool = False  # Ctrl-C stopped the search: finish with the best plan so far, search no more
+
+    @classmethod
+    def start(cls, graph: Graph, hw: Hardware, time_limit: float, seed: int = 0, workers: int = 1,
+              progress: Progress | None = None) -> Run:
+        """A run starting now; one worker makes it deterministic (CP-SAT's deterministic time limit)."""
+        return cls(graph, hw, time_limit, int(seed), max(1, int(workers)), int(workers) <= 1, progress)
 
     def interrupt(self) -> None:
         """Record that Ctrl-C stopped the search (the caller then returns its best valid plan so far)."""
         if not self.interrupted:
             self.interrupted = True
             self.notes.append(INTERRUPTED_NOTE)
-            self.stats["stop"] = "interrupted"
+            self.record.stop = "interrupted"
             self.report(phase="interrupted")
 
     def log(self, line: str) -> None:

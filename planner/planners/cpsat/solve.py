@@ -119,7 +119,7 @@ def plan_cpsat_timed(
     if objective not in ("makespan", "peak"):
         raise ValueError(f"objective must be 'makespan' or 'peak', not {objective!r}")
     time_limit = float(time_limit)
-    run = Run(graph, hw, time_limit, int(seed), max(1, int(workers)), int(workers) <= 1, progress)
+    run = Run.start(graph, hw, time_limit, seed, workers, progress)
     if wall_budget is not None:
         run.wall_limit = min(time_limit, float(wall_budget))
     log_file = None
@@ -175,26 +175,31 @@ def _plan(run: Run, log: bool, objective: str, makespan_limit_us: float | None, 
     run.report(phase="start plan")
     base, base_tl = starting_plan(run, start)
     worker.python_sigint()  # the starting planners may have run CP-SAT here (static offsets): Ctrl-C is ours again
-    run.stats["start_planner"] = base.planner
-    run.stats["start_makespan_us"] = base_tl.metrics.makespan_ns / 1000
+    run.record.start_planner = base.planner
+    run.record.start_makespan_us = base_tl.metrics.makespan_ns / 1000
     best_plan, best_tl = base, base_tl
     compute = sum(op_durations_ns(graph, hw).values())
     # Makespan >= the compute (one compute stream): a plan at it is optimal over every plan.
-    run.stats["compute_us"] = compute / 1000
+    run.record.compute_us = compute / 1000
     floor, why = bounds.hbm_floor(graph)
     try:
         if run.interrupted:
             result = None
-            run.stats.setdefault("model", "none")
+            run.record.model = run.record.model or "none"
         elif hw.hbm_bytes < floor:
             result = None
             run.notes.append(f"infeasible: the HBM budget of {hw.hbm_bytes} B is below {why} ({floor} B); no plan "
                              "can fit")
-            run.stats.update(status="INFEASIBLE", model="none", stop="infeasible")
+            run.record.status = "INFEASIBLE"
+            run.record.model = "none"
+            run.record.stop = "infeasible"
         elif objective == "makespan" and base_tl.valid and base_tl.metrics.makespan_ns <= compute:
             result = None
             run.notes.append(f"the starting plan ({base.planner}) already runs at the compute bound: optimal")
-            run.stats.update(optimal=True, model="none", status="OPTIMAL", stop="compute_bound")
+            run.record.optimal = True
+            run.record.model = "none"
+            run.record.status = "OPTIMAL"
+            run.record.stop = "compute_bound"
         else:
             result = _optimise(run, base, base_tl, objective, makespan_limit_us, whole_max_ops, window_ops, log)
     except KeyboardInterrupt:
@@ -205,19 +210,19 @@ def _plan(run: Run, log: bool, objective: str, makespan_limit_us: float | None, 
     except Exception as exc:  # noqa: BLE001 - any failure falls back to the starting plan
         result = None
         run.notes.append(f"cpsat failed ({type(exc).__name__}: {exc}); returning the {base.planner} plan")
-        run.stats["stop"] = "failed"
+        run.record.stop = "failed"
     if result is not None:
         plan, tl = result
         if _better(tl, best_tl, objective):
             best_plan, best_tl = plan, tl
         elif tl.valid:
             run.notes.append(f"cpsat found nothing better than its starting plan ({base.planner}); it returns that")
-    run.stats["returned"] = "start" if best_plan is base else "cpsat"
+    run.record.returned = "start" if best_plan is base else "cpsat"
     if objective == "makespan" and hw.hbm_bytes >= floor and not run.interrupted:
         best_plan, best_tl = _prove_small(run, best_plan, best_tl)
-    run.stats["runtime_s"] = round(run.elapsed, 3)
-    run.stats["makespan_us"] = best_tl.metrics.makespan_ns / 1000
-    run.stats["peak_hbm_bytes"] = best_tl.metrics.peak_bytes[HBM]
+    run.record.runtime_s = round(run.elapsed, 3)
+    run.record.makespan_us = best_tl.metrics.makespan_ns / 1000
+    run.record.peak_hbm_bytes = best_tl.metrics.peak_bytes[HBM]
     # The bound costs about one executor run on large graphs: within the limit only.
     if run.left() + RESERVE * run.limit_s >= run.estimated_sim_s():
         _bounds(run, best_tl, objective)
@@ -228,8 +233,9 @@ def _plan(run: Run, log: bool, objective: str, makespan_limit_us: float | None, 
     notes += run.notes
     status = best_plan.status if best_tl.valid else PlanStatus.INFEASIBLE
     # Only the program, placement and offsets decide the timeline, and they are best_plan's.
-    plan = replace(best_plan, planner="cpsat", options=options, notes=tuple(dict.fromkeys(notes)),
-                   stats={"cpsat": run.stats, **({"start": base.stats} if base.stats else {})}, status=status)
+    stats = {"cpsat": run.record.to_dict(), **({"start": base.stats} if base.stats else {})}
+    plan = replace(best_plan, planner="cpsat", options=options, notes=tuple(dict.fromkeys(notes)), stats=stats,
+                   status=status)
     return Planned(plan, best_tl)
 
 
@@ -248,11 +254,11 @@ def _prove_small(run: Run, plan: Plan, tl: Timeline) -> tuple[Plan, Timeline]:
     if not st.get("proven"):
         run.notes.append("the exact search over every order did not finish in the time left")
         return plan, tl
-    run.stats["exact_optimum_us"] = st["optimum_ns"] / 1000
+    run.record.exact_optimum_us = st["optimum_ns"] / 1000
     found_tl = simulate(run.graph, run.hw, found)
     if found_tl.valid and found_tl.metrics.makespan_ns < tl.metrics.makespan_ns:
         plan, tl = found, found_tl
-        run.stats["returned"] = "exact"
+        run.record.returned = "exact"
     above = tl.metrics.makespan_ns - st["optimum_ns"]
     run.notes.append("proven optimal over every order by the exact search" if above <= 0 else
                      f"the exact search over every order proves the optimum is {st['optimum_ns']} ns: this plan runs "
@@ -262,19 +268,19 @@ def _prove_small(run: Run, plan: Plan, tl: Timeline) -> tuple[Plan, Timeline]:
 
 def _bounds(run: Run, tl: Timeline, objective: str) -> None:
     """Gaps against lower bounds that hold ("vs bound"), and against the model's own bound when it was whole."""
-    st = run.stats
+    rec = run.record
     if objective == "peak":
         b = bounds.hbm_bound(run.graph)
-        st.update(bound_bytes=b.value, bound_reason=b.reason,
-                  gap_vs_bound=bounds.gap(tl.metrics.peak_bytes[HBM], b.value))
+        rec.bound_bytes, rec.bound_reason = b.value, b.reason
+        rec.gap_vs_bound = bounds.gap(tl.metrics.peak_bytes[HBM], b.value)
         return
     b = bounds.makespan_bound(run.graph, run.hw)
     ms = tl.metrics.makespan_ns
-    st.update(bound_us=b.value / 1000, bound_reason=b.reason, gap_vs_bound=bounds.gap(ms, b.value))
-    if st.get("model") == "whole" and st.get("model_bound_us"):
+    rec.bound_us, rec.bound_reason, rec.gap_vs_bound = b.value / 1000, b.reason, bounds.gap(ms, b.value)
+    if rec.model == "whole" and rec.model_bound_us:
         # CP-SAT's bound is on the scaled model (durations rounded up to ticks, sizes up to units, the candidate
         # gaps only): a bound for that model, not for every plan.
-        st["gap_vs_model_bound"] = bounds.gap(ms / 1000, st["model_bound_us"])
+        rec.gap_vs_model_bound = bounds.gap(ms / 1000, rec.model_bound_us)
 
 
 def _better(tl: Timeline, ref: Timeline, objective: str) -> bool:
@@ -369,7 +375,7 @@ def starting_plan(run: Run, start: str = "auto") -> tuple[Plan, Timeline]:
     if not pool:
         raise RuntimeError("no starting plan")
     best = min(pool, key=lambda c: (c[1].metrics.makespan_ns, c[1].metrics.peak_bytes[HBM]))
-    run.stats["start_candidates"] = {c[0].planner: c[1].metrics.makespan_ns / 1000 for c in cands if c[1].valid}
+    run.record.start_candidates = {c[0].planner: c[1].metrics.makespan_ns / 1000 for c in cands if c[1].valid}
     return best
 
 
@@ -420,13 +426,20 @@ def _optimise(run: Run, base: Plan, base_tl: Timeline, objective: str, makespan_
         if run.left() < need:
             run.notes.append(f"no time for the search: it needs about {need:.0f} s on this graph, "
                              f"{max(0.0, run.left()):.0f} s were left after the starting plan")
-            run.stats.update(model="none", status="NOT_RUN", stop="no_time")
+            run.record.model = "none"
+            run.record.status = "NOT_RUN"
+            run.record.stop = "no_time"
             return None
     run.report(phase="model")
     p, asg = prepare(run, base, base_tl)
     problems = check(p, asg)
-    run.stats.update(ops=len(p.ops), gaps=len(p.gaps), slots=len(p.slots), tick_ns=p.scale.tick_ns,
-                     unit_bytes=p.scale.unit_bytes, horizon_ticks=p.horizon, hint_feasible=not problems)
+    run.record.ops = len(p.ops)
+    run.record.gaps = len(p.gaps)
+    run.record.slots = len(p.slots)
+    run.record.tick_ns = p.scale.tick_ns
+    run.record.unit_bytes = p.scale.unit_bytes
+    run.record.horizon_ticks = p.horizon
+    run.record.hint_feasible = not problems
     if problems:
         run.notes.append(f"the hint is not feasible in the scaled model ({problems[0]}; {len(problems)} in all)")
         # The hint's makespan bounds only the hint: leave room for a plan that moves more (every op and every
@@ -476,13 +489,13 @@ def _whole(run: Run, p: Problem, asg: Assignment, objective: str, limit_ticks, l
     t = time.monotonic()
     m = Model(p, frame, objective=objective, makespan_limit=limit_ticks)
     m.add_hints()
-    run.stats["build_s"] = round(time.monotonic() - t, 3)
-    run.stats["variables"] = len(m.cp.proto.variables)
-    run.stats["constraints"] = len(m.cp.proto.constraints)
+    run.record.build_s = round(time.monotonic() - t, 3)
+    run.record.variables = len(m.cp.proto.variables)
+    run.record.constraints = len(m.cp.proto.constraints)
     wall = run.left()
     if wall <= 0.2:
         run.notes.append("no time left for CP-SAT after building the model")
-        run.stats["stop"] = "no_time"
+        run.record.stop = "no_time"
         return None
     # Deterministic mode: a deterministic budget that depends on the limit only, never on the clock.
     det = DET_PER_WALL * run.time_limit * (1 - RESERVE - 0.1) if run.deterministic else None
@@ -492,15 +505,18 @@ def _whole(run: Run, p: Problem, asg: Assignment, objective: str, limit_ticks, l
     def on_progress(kind, elapsed, obj, bound):
         run.report(phase="solve", incumbent_us=_us(p, m, obj), bound_us=_us(p, m, bound))
 
-    run.log(f"# cpsat: the whole model ({len(p.ops)} ops, {run.stats['variables']} variables)")
+    run.log(f"# cpsat: the whole model ({len(p.ops)} ops, {run.record.variables} variables)")
     res = worker.solve(m.cp, params, wall, on_progress, on_log=run.log_sink if log else None)
     run.det_used += res.deterministic_time
-    run.stats.update(status=res.status, solver_wall_s=round(res.wall_s, 3),
-                     deterministic_time=round(res.deterministic_time, 3), solutions=res.solutions, model="whole")
+    run.record.status = res.status
+    run.record.solver_wall_s = round(res.wall_s, 3)
+    run.record.deterministic_time = round(res.deterministic_time, 3)
+    run.record.solutions = res.solutions
+    run.record.model = "whole"
     if log and run.log_sink is None:
-        run.stats["log"] = res.log
+        run.record.log = res.log
     run.notes.extend(res.notes)
-    run.stats["stop"] = stop_reason(res)
+    run.record.stop = stop_reason(res)
     if res.interrupted:
         run.interrupt()
     elif run.deterministic and (res.killed or (res.status in ("FEASIBLE", "UNKNOWN") and det is not None
@@ -509,14 +525,14 @@ def _whole(run: Run, p: Problem, asg: Assignment, objective: str, limit_ticks, l
         # may get further.
         run.notes.append("the wall-clock limit stopped the solver first: this run may not be reproducible")
     if res.bound is not None:
-        run.stats["model_bound_ticks"] = res.bound
-        run.stats["model_bound_us"] = _us(p, m, res.bound)
+        run.record.model_bound_ticks = res.bound
+        run.record.model_bound_us = _us(p, m, res.bound)
     if not res.has_solution:
         run.notes.append(f"CP-SAT returned no solution (status {res.status})")
         return None
-    run.stats["objective_ticks"] = res.objective
-    run.stats["objective_us"] = _us(p, m, res.objective)
-    run.stats["optimal"] = res.status == "OPTIMAL"
+    run.record.objective_ticks = res.objective
+    run.record.objective_us = _us(p, m, res.objective)
+    run.record.optimal = res.status == "OPTIMAL"
     sols = [m.read(res.values)] + [m.read(v) for _obj, v in reversed(res.history) if v is not res.values]
     return finish(run, p, sols)
 
@@ -590,9 +606,9 @@ def place_hbm(run: Run, p: Problem, cands: list[tuple[Plan, Timeline]]) -> tuple
             static_tl = with_static_offsets(p.graph, p.hw, static, tl)
             if static_tl.valid and (k == 0 or static_tl.metrics.makespan_ns <= caching_run()[1].metrics.makespan_ns
                                     or not caching_run()[1].valid):
-                run.stats["offset_height_bytes"] = height
+                run.record.offset_height_bytes = height
                 # A slower solution than the best is not the one CP-SAT proved optimal.
-                run.stats["slower_solution_placed"] = bool(k)
+                run.record.slower_solution_placed = bool(k)
                 if k:
                     run.notes.append("the best solution's static HBM offsets did not fit the budget; a slightly "
                                      "slower solution's did")

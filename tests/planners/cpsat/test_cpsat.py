@@ -6,11 +6,11 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import GRAPHS, simple_hardware
+from conftest import GRAPHS, simple_hardware, three_bigs, two_fetches
 
 from planner import api
 from planner.executor import simulate
-from planner.graph import Graph, Op, Tensor, TensorKind
+from planner.graph import Graph
 from planner.hardware import HBM
 from planner.planners import PLANNERS
 from planner.planners.cpsat import plan_cpsat, plan_cpsat_timed, solve, worker
@@ -19,42 +19,6 @@ from planner.planners.cpsat.hint import check
 from planner.planners.cpsat.model import Model, whole_frame
 from planner.planners.cpsat.run import Run
 from planner.schedule import dumps_schedule, schedule_to_dict
-
-NS = 1e-9
-
-
-def two_fetches() -> Graph:
-    """Two chains, each starting with an op that reads a weight held on the host (200 B: 200 ns per fetch).
-
-    In the graph's order (p1, p2, q1, q2) the second fetch stalls p2; running q1 while w2 arrives does not:
-    fetch w1 [0, 200), p1 [200, 300), q1 [300, 900) while w2 arrives [200, 400), p2, q2: 1600 ns, which is the
-    optimum (no op can start before the first fetch ends, and the compute is 1400 ns).
-    """
-    t = [Tensor("x", 1, TensorKind.INPUT), Tensor("w1", 200, TensorKind.WEIGHT, home="host"),
-         Tensor("w2", 200, TensorKind.WEIGHT, home="host")]
-    ops = []
-    for i in (1, 2):
-        t += [Tensor(f"a{i}", 10), Tensor(f"y{i}", 1, TensorKind.OUTPUT)]
-        ops.append(Op(f"p{i}", "F", ("x", f"w{i}"), (f"a{i}",), duration_s=100 * NS))
-    for i in (1, 2):
-        ops.append(Op(f"q{i}", "F", (f"a{i}",), (f"y{i}",), duration_s=600 * NS))
-    return Graph.build("two_fetches", t, ops)
-
-
-def three_bigs() -> Graph:
-    """Three producers of 100 B tensors, then their consumers: the graph's order holds all three at once
-    (300 B), producing and consuming each in turn holds one (about 100 B). With a 150 B budget and a slow link,
-    reordering alone fits, with no transfer: the optimum is the compute time, 3.5 us."""
-    t = [Tensor("x", 1, TensorKind.INPUT)]
-    ops = []
-    for i in range(3):
-        t += [Tensor(f"big{i}", 100), Tensor(f"small{i}", 1)]
-        ops.append(Op(f"make{i}", "F", ("x",), (f"big{i}",), duration_s=500 * NS))
-    for i in range(3):
-        ops.append(Op(f"use{i}", "F", (f"big{i}",), (f"small{i}",), duration_s=500 * NS))
-    t.append(Tensor("y", 1, TensorKind.OUTPUT))
-    ops.append(Op("join", "F", tuple(f"small{i}" for i in range(3)), ("y",), duration_s=500 * NS))
-    return Graph.build("three_bigs", t, ops)
 
 
 def _budget(graph: Graph, fraction: float, preset: str = "ascend-910c") -> str:
@@ -203,7 +167,7 @@ def test_a_killed_solver_returns_within_its_limit():
     # A model CP-SAT cannot finish: the child is stopped at the deadline and the best solution kept.
     g = api.load_graph(GRAPHS / "transformer_block.json")
     hw = api.hardware("ascend-910c", hbm="1GB")
-    run = Run(g, hw, 30, 0, 2, False, None)
+    run = Run.start(g, hw, time_limit=30, workers=2)
     base, base_tl = solve.starting_plan(run)
     p, asg = solve.prepare(run, base, base_tl)
     m = Model(p, whole_frame(p, asg))
@@ -217,7 +181,7 @@ def test_a_killed_solver_returns_within_its_limit():
 def test_the_hint_is_complete_and_feasible_and_decodes_to_a_valid_plan():
     g = api.load_graph(GRAPHS / "transformer_block.json")
     hw = api.hardware("ascend-910c", hbm="1GB")
-    run = Run(g, hw, 30, 0, 1, True, None)
+    run = Run.start(g, hw, time_limit=30, workers=1)
     base, base_tl = solve.starting_plan(run)
     p, asg = solve.prepare(run, base, base_tl)
     assert check(p, asg) == []
@@ -236,7 +200,7 @@ def test_lns_window_hints_are_feasible():
 
     g = api.load_graph(GRAPHS / "llama3-8b-no2-4layers.json")
     hw = api.hardware("ascend-910c", hbm=_budget(g, 0.6))
-    run = Run(g, hw, 30, 0, 1, True, None)
+    run = Run.start(g, hw, time_limit=30, workers=1)
     base, base_tl = solve.starting_plan(run)
     p, asg = solve.prepare(run, base, base_tl)
     inc = incumbent_from_plan(p, plan_from_assignment(p, asg))
@@ -313,7 +277,7 @@ def test_the_hint_satisfies_the_model_it_is_built_for(case):
         "block-all-free": lambda: _block({"weight": "auto", "optimizer_state": "auto"}),
         "training-free-weights": _training_2_layers,
     }[case]()
-    run = Run(g, hw, 10, 0, 1, True, None)
+    run = Run.start(g, hw, time_limit=10, workers=1)
     base, base_tl = starting_plan(run, "greedy")
     p, asg = prepare(run, base, base_tl)
     assert check(p, asg) == []

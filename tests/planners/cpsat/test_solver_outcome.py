@@ -114,7 +114,7 @@ def test_ctrl_c_in_the_whole_model_solve_keeps_the_best_solution_so_far():
 def test_ctrl_c_in_the_worker_returns_the_solution_it_has():
     g = api.load_graph(TB)
     hw = api.hardware("ascend-910c", hbm="1GB")
-    run = Run(g, hw, 30, 0, 1, True, None)
+    run = Run.start(g, hw, time_limit=30, workers=1)
     base, base_tl = starting_plan(run)
     p, asg = prepare(run, base, base_tl)
     m = Model(p, whole_frame(p, asg))
