@@ -8,8 +8,12 @@ that timeline, so that callers such as ``planner.api.plan`` use it instead of si
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from planner.executor import with_static_offsets
+from planner.graph import Graph
+from planner.hardware import Hardware
+from planner.offsets_cpsat import offsets_within
 from planner.plan import Plan
 from planner.timeline import Timeline
 
@@ -22,4 +26,17 @@ class Planned:
     timeline: Timeline
 
 
-__all__ = ["Planned"]
+def place_statically(graph: Graph, hw: Hardware, plan: Plan, timed: Timeline, time_limit_s: float = 10.0
+                     ) -> tuple[Planned | None, int]:
+    """Give ``plan`` static HBM offsets for its allocator-free run ``timed`` (``offsets_within``: best fit, else
+    the exact model). Return (the plan with its offsets and its full timeline, or None when they do not fit the
+    HBM budget; the offsets' height). Greedy and cpsat both place this way, and fall back to the caching
+    allocator themselves when it returns None."""
+    offs, height = offsets_within(timed.residencies, hw.hbm_bytes, time_limit_s=time_limit_s)
+    if height > hw.hbm_bytes:
+        return None, height
+    static = replace(plan, offsets=offs)
+    return Planned(static, with_static_offsets(graph, hw, static, timed)), height
+
+
+__all__ = ["Planned", "place_statically"]

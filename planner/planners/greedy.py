@@ -30,14 +30,13 @@ import time
 from dataclasses import dataclass, replace
 
 from planner.bounds import hbm_floor, initial_hbm_bytes
-from planner.executor import simulate, with_static_offsets
+from planner.executor import simulate
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
-from planner.offsets_cpsat import offsets_within
 from planner.orders import live_bytes, named_order
 from planner.placement import plan_placement
 from planner.plan import COMPUTE, Plan, PlanStatus, ProgramBuilder
-from planner.planned import Planned
+from planner.planned import Planned, place_statically
 from planner.planners.greedy_select import Context, Gap, select_gaps
 from planner.planners.none import plan_none
 from planner.planners.refine import place, resolve_copies
@@ -176,16 +175,16 @@ def _plan_offloading(ctx: Context, settings: Settings, offsets: bool, name: str,
     if not offsets or plan.status != PlanStatus.FEASIBLE or not timeline.valid:
         return Planned(plan, simulate(g, hw, plan))
     first = plan
-    static: Plan | None = None
+    static: Planned | None = None
     out_of_time = False
     ratios: list[float] = []  # offset height / planning budget, per attempt
     for attempt in range(OFFSET_RETRIES + 1):
-        offs, height = offsets_within(timeline.residencies, hw.hbm_bytes)
-        if height <= hw.hbm_bytes:
+        placed, height = place_statically(g, hw, plan, timeline)
+        if placed is not None:
             stats = dict(plan.stats, offset_height_bytes=height, offset_attempts=attempt + 1)
             notes = plan.notes + ((f"static offsets fit after planning for {format_bytes_exact(budget)} (the "
                                    "offsets need more than the peak: fragmentation)",) if attempt else ())
-            static = replace(plan, offsets=offs, stats=stats, notes=notes)
+            static = Planned(replace(placed.plan, stats=stats, notes=notes), placed.timeline)
             break
         # Fragmentation makes the height exceed the planning budget by a few percent: plan for a budget lower by
         # that ratio. The ratio grows as the budget drops (more offloading, more, shorter allocations: 5.0%, 6.7%,
@@ -210,19 +209,18 @@ def _plan_offloading(ctx: Context, settings: Settings, offsets: bool, name: str,
         if candidate.status != PlanStatus.FEASIBLE or not cand_tl.valid:
             break
         plan, timeline = candidate, cand_tl
-    # ``timeline`` is the run of ``static``'s program (offsets change no time): only the offset checks are new.
-    static_tl = with_static_offsets(g, hw, static, timeline) if static is not None else None
-    if static is not None and static.stats["offset_attempts"] == 1:
-        return Planned(static, static_tl)
+    if static is not None and static.plan.stats["offset_attempts"] == 1:
+        return static
     # The first plan under the caching allocator (its defragmentation delays included) against the static plan
     # made for a lower budget, if any: the faster one wins, static offsets on a tie.
     caching = simulate(g, hw, first)
     if static is not None:
-        if static_tl.valid and static_tl.metrics.makespan_ns <= caching.metrics.makespan_ns:
-            return Planned(static, static_tl)
-        why = (f"static offsets fit only when planning for {format_bytes_exact(static.stats['planning_budget_bytes'])}"
-               f", which is slower ({format_time_us(static_tl.metrics.makespan_ns / 1000)}) than the caching "
-               "allocator at the full budget")
+        if static.timeline.valid and static.timeline.metrics.makespan_ns <= caching.metrics.makespan_ns:
+            return static
+        planned_for = format_bytes_exact(static.plan.stats["planning_budget_bytes"])
+        why = (f"static offsets fit only when planning for {planned_for}, which is slower "
+               f"({format_time_us(static.timeline.metrics.makespan_ns / 1000)}) than the caching allocator at the "
+               "full budget")
     else:
         why = "static offsets did not fit the HBM budget" + (
             " (no time left to plan for a lower budget)" if out_of_time else "")

@@ -31,14 +31,13 @@ from dataclasses import replace
 from planner import bounds
 from planner.cost import op_durations_ns
 from planner.errors import InputError
-from planner.executor import simulate, with_static_offsets
+from planner.executor import simulate
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
-from planner.offsets_cpsat import offsets_within
 from planner.orders import best_no_offload_order, live_bytes
 from planner.placement import with_placement
 from planner.plan import Plan, PlanStatus
-from planner.planned import Planned
+from planner.planned import Planned, place_statically
 from planner.planners import exact
 from planner.planners.cpsat import worker
 from planner.planners.cpsat.data import Assignment, Problem, build_problem, canonical, choose_scale
@@ -600,10 +599,9 @@ def place_hbm(run: Run, p: Problem, cands: list[tuple[Plan, Timeline]]) -> tuple
     for k, (plan, tl) in enumerate(cands):
         if k and time.monotonic() > deadline:
             break
-        offs, height = offsets_within(tl.residencies, p.hw.hbm_bytes, time_limit_s=max(0.5, run.left()))
-        if height <= p.hw.hbm_bytes:
-            static = replace(plan, offsets=offs)
-            static_tl = with_static_offsets(p.graph, p.hw, static, tl)
+        placed, height = place_statically(p.graph, p.hw, plan, tl, time_limit_s=max(0.5, run.left()))
+        if placed is not None:
+            static, static_tl = placed.plan, placed.timeline
             if static_tl.valid and (k == 0 or static_tl.metrics.makespan_ns <= caching_run()[1].metrics.makespan_ns
                                     or not caching_run()[1].valid):
                 run.record.offset_height_bytes = height
