@@ -73,7 +73,7 @@ def parse_planners(text: str | None, item: str = "--planners") -> list[str]:
 
 def parse_planner_options(values: tuple[str, ...], time_limit: float | None, planners: list[str]) -> dict:
     """``-O cpsat.time_limit=10`` -> ``{"cpsat": {"time_limit": 10.0}}``, each value parsed to the planner's
-    declared type (``api.parse_planner_options``); ``--time-limit`` goes to cpsat."""
+    declared type (``api.parse_planner_options``); ``--time-limit`` goes to every planner that takes one."""
     text: dict[str, dict[str, str]] = {}
     for key, val in _pairs(values, "-O").items():
         name, dot, opt = key.partition(".")
@@ -83,8 +83,10 @@ def parse_planner_options(values: tuple[str, ...], time_limit: float | None, pla
         text.setdefault(name, {})[opt] = val
     out = {name: api.parse_planner_options(name, opts, item=f"-O {name}.")
            for name, opts in text.items()}
-    if time_limit is not None and "cpsat" in planners:
-        out.setdefault("cpsat", {}).setdefault("time_limit", time_limit)
+    if time_limit is not None:
+        for name in planners:
+            if "time_limit" in api.option_types(name):
+                out.setdefault(name, {}).setdefault("time_limit", time_limit)
     return out
 
 
@@ -141,7 +143,8 @@ def sweep_options(f):
                      help=f"Planners to compare (default: {', '.join(REPORT_PLANNERS)})."),
         click.option("-O", "--planner-option", "planner_options", multiple=True, metavar="PLANNER.KEY=VALUE",
                      help="An option for one planner, e.g. -O cpsat.time_limit=10 -O reactive.lookahead=2."),
-        click.option("--time-limit", type=float, help="cpsat's time limit per plan, in seconds."),
+        click.option("--time-limit", type=float,
+                     help="The time limit per plan of every planner that takes one (cpsat, exact), in seconds."),
         click.option("--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True,
                      help="Worker processes for sweep points (results are the same for any number)."),
         click.option("--quiet", "-q", is_flag=True, help="No progress display."),

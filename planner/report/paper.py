@@ -90,8 +90,9 @@ class PaperConfig:
 
     def planner_options(self) -> dict[str, dict]:
         out = sweep_planner_options(self.options)  # cpsat single-worker: deterministic, whatever --jobs is
-        if "cpsat" in self.planner_names():
-            out.setdefault("cpsat", {}).setdefault("time_limit", self.time_limit)
+        for name in self.planner_names():
+            if "time_limit" in api.option_types(name):
+                out.setdefault(name, {}).setdefault("time_limit", self.time_limit)
         return out
 
     def inference_args(self) -> dict:
