@@ -276,6 +276,8 @@ def run_case(case: Case, fractions=FRACTIONS, planners=("greedy", "cpsat"), time
                 gap_vs_bound=bounds.gap(m.makespan_ns, lb.value) if tl.valid else None,
                 solve_time_s=round(solve_s, 3), defrag_events=m.defrag_events,
                 start_placement=bytes_by_kind(graph, plan.placement),
+                # What the planner chose (greedy-sweep: the winning settings and order), to learn which points win.
+                plan_options={k: v for k, v in plan.options.items() if isinstance(v, (bool, int, float, str))},
             )
             if ref_phases is not None:
                 row["no_offload_phases_us"] = ref_phases

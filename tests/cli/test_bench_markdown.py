@@ -24,4 +24,5 @@ def test_bench_writes_its_table_and_command_as_a_markdown_page(tmp_path):
     assert len(rows) == 4 and len(table) == len(rows)
     for line, r in zip(table, rows):
         assert r["valid"]  # the bench validated each plan in the executor
+        assert r["plan_options"].get("order") or r["planner_run"] == "reactive"  # what the planner chose
         assert f"| {r['makespan_us'] / 1000:.2f} ms |" in line and f"| {r['budget_fraction']:.0%} |" in line
