@@ -12,7 +12,10 @@ Semantics (also in docs/executor.md): an op's outputs and workspace are allocate
 in-place updates must be resident and usable on HBM for its whole duration; a Prefetch allocates its HBM copy at
 its start and the copy is usable at its end; a Store needs the tensor resident for the whole transfer and leaves a
 valid remote copy at its end, valid until the next in-place write; a Detach frees the HBM copy at once; a
-tensor that does not outlive the step is freed (HBM and remote copies) at the end of its last use.
+Recompute re-runs an op that ran before (one with no in-place updates) and, like the op, needs its inputs resident
+for its whole duration, as the versions the op first read; it allocates those of the op's outputs that are not on
+HBM at its start, usable at its end, as the version the op first made; a tensor that does not outlive the step is
+freed (HBM and remote copies) at the end of its last use (a recomputation reading or making it is a use).
 At equal times, ends come before frees and frees before starts.
 """
 
@@ -164,6 +167,7 @@ def check_program(graph: Graph, hw: Hardware, plan: Plan) -> list[Violation]:
     seen: dict[str, int] = {}
     op_index, tensors = graph.op_index, graph.tensors
     compute_kind, detach_kind, prefetch_kind = StepKind.COMPUTE, StepKind.DETACH, StepKind.PREFETCH
+    recompute_kind = StepKind.RECOMPUTE
 
     def bad(i: int, msg: str, op: str | None = None, tensor: str | None = None) -> None:
         out.append(Violation("program", 0, msg, step=i, op=op, tensor=tensor))
@@ -182,6 +186,21 @@ def check_program(graph: Graph, hw: Hardware, plan: Plan) -> list[Violation]:
                 seen[target] = i
             if stream != COMPUTE:
                 bad(i, f"compute step on stream {stream!r}", op=target)
+            continue
+        if kind is recompute_kind:
+            op = graph.ops[op_index[target]] if target in op_index else None
+            if op is None:
+                bad(i, f"recompute of unknown op {target!r}", op=target)
+            elif target not in seen:
+                bad(i, "recompute of an op that has not run yet", op=target)
+            elif op.updates:
+                bad(i, "recompute of an op that updates tensors in place (a second run would write them again)",
+                    op=target)
+            elif not op.recomputable:
+                bad(i, "recompute of an op that is not recomputable (no outputs, no inputs, or the graph forbids "
+                    "it)", op=target)
+            if stream != COMPUTE:
+                bad(i, f"recompute step on stream {stream!r}", op=target)
             continue
         if target not in tensors:
             bad(i, f"unknown tensor {target!r}", tensor=target)
@@ -219,7 +238,7 @@ def check_program(graph: Graph, hw: Hardware, plan: Plan) -> list[Violation]:
 
 
 # Step kinds, as small ints for the per-step lists.
-_K_COMPUTE, _K_PREFETCH, _K_STORE, _K_DETACH = range(4)
+_K_COMPUTE, _K_PREFETCH, _K_STORE, _K_DETACH, _K_RECOMPUTE = range(5)
 
 
 class _Program:
@@ -235,6 +254,7 @@ class _Program:
         "tiers", "hbm", "names", "tindex", "tensor_kind", "nbytes", "persistent", "n_tensors",
         "op_names", "op_reads", "op_outputs", "op_updates", "op_workspace", "alloc_names", "alloc_kinds",
         "alloc_bytes", "kind_a", "target_a", "op_step", "read_flat", "read_op", "output_flat", "output_op",
+        "recomputes",
     )
 
     def __init__(self, graph: Graph, hw: Hardware, steps: tuple[Step, ...], durations: dict[str, int],
@@ -271,17 +291,18 @@ class _Program:
         self.n = len(steps)
         self.waits = [s.waits for s in steps]
         kinds, targets, streams = [s.kind for s in steps], [s.target for s in steps], [s.stream for s in steps]
-        compute_kind, prefetch_kind, store_kind = StepKind.COMPUTE, StepKind.PREFETCH, StepKind.STORE
-        self.kind = kind = [_K_COMPUTE if k is compute_kind else _K_PREFETCH if k is prefetch_kind
-                            else _K_STORE if k is store_kind else _K_DETACH for k in kinds]
+        code = {StepKind.COMPUTE: _K_COMPUTE, StepKind.PREFETCH: _K_PREFETCH, StepKind.STORE: _K_STORE,
+                StepKind.DETACH: _K_DETACH, StepKind.RECOMPUTE: _K_RECOMPUTE}
+        self.kind = kind = list(map(code.__getitem__, kinds))
         self.stream = stream = list(map(stream_index.__getitem__, streams))
         op_index = graph.op_index
-        self.target = target = [op_index[name] if k == _K_COMPUTE else tindex[name] for k, name in zip(kind, targets)]
+        self.target = target = [op_index[name] if k == _K_COMPUTE or k == _K_RECOMPUTE else tindex[name]
+                                for k, name in zip(kind, targets)]
         # Transfer durations by (bytes, link): sizes repeat a lot.
         moves = {(nbytes[t], sid) for k, t, sid in zip(kind, target, stream) if k == _K_PREFETCH or k == _K_STORE}
         transfer_ns = {key: transfer_duration_ns(key[0], links[key[1]]) for key in moves}
-        self.duration = [durations[name] if k == _K_COMPUTE else 0 if k == _K_DETACH else transfer_ns[nbytes[t], sid]
-                         for k, name, t, sid in zip(kind, targets, target, stream)]
+        self.duration = [durations[name] if k == _K_COMPUTE or k == _K_RECOMPUTE else 0 if k == _K_DETACH
+                         else transfer_ns[nbytes[t], sid] for k, name, t, sid in zip(kind, targets, target, stream)]
         # The same as arrays, and every op's reads and outputs flattened (with their op), for numpy.
         self.kind_a = np.array(kind, dtype=np.int8)
         self.target_a = np.array(target, dtype=np.int64)
@@ -290,6 +311,8 @@ class _Program:
         self.op_step[self.target_a[computes]] = computes
         self.read_flat, self.read_op = _flatten(self.op_reads)
         self.output_flat, self.output_op = _flatten(self.op_outputs)
+        # The recompute steps (usually none).
+        self.recomputes = np.flatnonzero(self.kind_a == _K_RECOMPUTE)
 
 
 def _flatten(per_op: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
@@ -356,10 +379,12 @@ def _time_steps(prog: _Program, delays: dict[int, int] | None = None) -> _Times:
 
 
 # Replay events. Their priority at equal times (``_EVENT_PRIORITY``): ends, then frees, then starts.
-_E_OP_START, _E_OP_END, _E_PREFETCH_START, _E_STORE_START, _E_STORE_END, _E_DETACH, _E_DIES = range(7)
-_EVENT_PRIORITY = np.array([_START, _OP_END, _START, _START, _STORE_END, _FREE, _FREE], dtype=np.int8)
+(_E_OP_START, _E_OP_END, _E_PREFETCH_START, _E_STORE_START, _E_STORE_END, _E_DETACH, _E_DIES, _E_REDO_START,
+ _E_REDO_END) = range(9)
+_EVENT_PRIORITY = np.array([_START, _OP_END, _START, _START, _STORE_END, _FREE, _FREE, _START, _OP_END],
+                           dtype=np.int8)
 # A step's start event, by step kind.
-_START_EVENT = np.array([_E_OP_START, _E_PREFETCH_START, _E_STORE_START, _E_DETACH], dtype=np.int8)
+_START_EVENT = np.array([_E_OP_START, _E_PREFETCH_START, _E_STORE_START, _E_DETACH, _E_REDO_START], dtype=np.int8)
 
 
 @dataclass
@@ -398,13 +423,17 @@ def _events(prog: _Program, arrays: tuple[np.ndarray, np.ndarray]) -> tuple[list
     kind, target = prog.kind_a, prog.target_a
     starts, ends = arrays
     step = np.arange(n, dtype=np.int64)
-    has_end = (kind == _K_COMPUTE) | (kind == _K_STORE)
-    end_event = np.where(kind[has_end] == _K_COMPUTE, _E_OP_END, _E_STORE_END).astype(np.int8)
+    has_end = (kind == _K_COMPUTE) | (kind == _K_STORE) | (kind == _K_RECOMPUTE)
+    end_event = np.array([_E_OP_END, -1, _E_STORE_END, -1, _E_REDO_END], dtype=np.int8)[kind[has_end]]
 
     last_use = np.zeros(prog.n_tensors, dtype=np.int64)
     op_ends = ends[prog.op_step]
     np.maximum.at(last_use, prog.read_flat, op_ends[prog.read_op])
     np.maximum.at(last_use, prog.output_flat, op_ends[prog.output_op])
+    for i in prog.recomputes.tolist():
+        o = int(target[i])
+        for t in prog.op_reads[o] + prog.op_outputs[o]:
+            last_use[t] = max(last_use[t], ends[i])
     is_store = kind == _K_STORE
     np.maximum.at(last_use, target[is_store], ends[is_store])
     dies = np.flatnonzero((last_use > 0) & ~np.array(prog.persistent, dtype=bool))
@@ -421,7 +450,20 @@ def _last_read_starts(prog: _Program, starts: np.ndarray) -> list[int]:
     still needed when that is at or after ``now``."""
     out = np.full(prog.n_tensors, -1, dtype=np.int64)
     np.maximum.at(out, prog.read_flat, starts[prog.op_step][prog.read_op])
+    for i in prog.recomputes.tolist():
+        for t in prog.op_reads[prog.target[i]]:
+            out[t] = max(out[t], starts[i])
     return out.tolist()
+
+
+def _remade_starts(prog: _Program, starts: np.ndarray) -> dict[int, int]:
+    """Tensor -> the latest start of a recompute step that makes it: a copy dropped before then is made again,
+    so dropping it loses nothing (a read before the recomputation is still caught as not resident)."""
+    out: dict[int, int] = {}
+    for i in prog.recomputes.tolist():
+        for t in prog.op_outputs[prog.target[i]]:
+            out[t] = max(out.get(t, -1), int(starts[i]))
+    return out
 
 
 def _replay(prog: _Program, times: _Times, start: dict[str, str], log_hbm: bool) -> _Replayed:
@@ -449,6 +491,10 @@ def _replay(prog: _Program, times: _Times, start: dict[str, str], log_hbm: bool)
     store_version: dict[int, int] = {}  # store step -> version it copies (-1: it copies nothing)
     arrays = times.arrays()
     last_read = _last_read_starts(prog, arrays[0])
+    remade = _remade_starts(prog, arrays[0])
+    # The versions each recomputed op read when it first ran: a recomputation must read the same.
+    redone = {prog.target[i] for i in prog.recomputes.tolist()}
+    first_read: dict[int, tuple[int, ...]] = {}
     # Allocations, by sequence number: (tier, aid, start) and the end (-1 while open); per tier, aid -> the
     # sequence number of its open allocation (-1: none).
     allocs: list[tuple[int, int, int]] = []
@@ -482,7 +528,7 @@ def _replay(prog: _Program, times: _Times, start: dict[str, str], log_hbm: bool)
             if pins[t] > 0:
                 violate(Violation("not_resident", now, "detach while an op or a store still uses the HBM copy", i,
                                   None, names[t]))
-            if persistent[t] or last_read[t] >= now:
+            if (persistent[t] or last_read[t] >= now) and remade.get(t, -1) < now:
                 copies = remote.get(t)
                 if not copies or version[t] not in copies.values():
                     stale = " (remote copies are stale)" if copies else ""
@@ -556,6 +602,8 @@ def _replay(prog: _Program, times: _Times, start: dict[str, str], log_hbm: bool)
                     violate(Violation("not_resident", now, f"reads {names[t]!r} before its prefetch ends at "
                                       f"{usable[t] / 1000:.3f}us", i, op_names[o], names[t]))
                 pins[t] += 1
+            if redone and o in redone:
+                first_read[o] = tuple([version[t] for t in op_reads[o]])
             end = ends[i]
             for t in op_outputs[o]:
                 resident[t] = True
@@ -572,6 +620,51 @@ def _replay(prog: _Program, times: _Times, start: dict[str, str], log_hbm: bool)
                 alloc_end.append(-1)
                 if log is not None:
                     log(AllocRecord(now, ALLOC, alloc_names[w], op_workspace[o], i))
+        elif code == _E_REDO_START:
+            o = target[i]
+            for t, v in zip(op_reads[o], first_read[o]):
+                if not resident[t]:
+                    violate(Violation("not_resident", now, f"recompute reads {names[t]!r}, which is not on HBM", i,
+                                      op_names[o], names[t]))
+                elif usable[t] > now:
+                    violate(Violation("not_resident", now, f"recompute reads {names[t]!r} before its prefetch ends "
+                                      f"at {usable[t] / 1000:.3f}us", i, op_names[o], names[t]))
+                elif version[t] != v:
+                    violate(Violation("stale_recompute", now, f"recompute reads {names[t]!r} after an in-place "
+                                      "update the op did not see: it would make different outputs", i, op_names[o],
+                                      names[t]))
+                pins[t] += 1
+            end = ends[i]
+            for t in op_outputs[o]:
+                if resident[t]:
+                    continue
+                if version[t]:
+                    violate(Violation("stale_recompute", now, f"recompute makes {names[t]!r}, which was updated in "
+                                      "place since: the copy would be an old version", i, op_names[o], names[t]))
+                resident[t] = True
+                usable[t] = end
+                hbm_open[t] = len(allocs)
+                allocs.append((hbm, t, now))
+                alloc_end.append(-1)
+                if log is not None:
+                    log(AllocRecord(now, ALLOC, names[t], nbytes[t], i))
+            if op_workspace[o]:
+                w = n_tensors + o
+                hbm_open[w] = len(allocs)
+                allocs.append((hbm, w, now))
+                alloc_end.append(-1)
+                if log is not None:
+                    log(AllocRecord(now, ALLOC, alloc_names[w], op_workspace[o], i))
+        elif code == _E_REDO_END:
+            o = target[i]
+            for t in op_reads[o]:
+                pins[t] -= 1
+            if op_workspace[o]:
+                w = n_tensors + o
+                alloc_end[hbm_open[w]] = now
+                hbm_open[w] = -1
+                if log is not None:
+                    log(AllocRecord(now, FREE, alloc_names[w], op_workspace[o]))
         else:  # _E_OP_END
             o = target[i]
             for t in op_reads[o]:
@@ -699,10 +792,12 @@ def _metrics(hw: Hardware, prog: _Program, times: _Times, sweeps: dict[int, _Swe
     makespan = max(times.ends, default=0)
     kind = prog.kind_a
     starts, ends = times.arrays()
-    is_compute = kind == _K_COMPUTE
-    # Compute steps run one after another on one stream: sorted, disjoint intervals.
+    is_compute = (kind == _K_COMPUTE) | (kind == _K_RECOMPUTE)
+    # Compute and recompute steps run one after another on one stream: sorted, disjoint intervals.
     c_starts, c_ends = starts[is_compute], ends[is_compute]
     compute_ns = int((c_ends - c_starts).sum())
+    redo = prog.recomputes
+    recompute_ns = int((ends[redo] - starts[redo]).sum())
     peak = {}
     for k, tier in enumerate(hw.tiers):
         sweep = sweeps.get(k)
@@ -716,7 +811,7 @@ def _metrics(hw: Hardware, prog: _Program, times: _Times, sweeps: dict[int, _Swe
     moved = {ln.name: int(m) for ln, m in zip(hw.links, moved_by_link.tolist())}
     transfer_ns = int((b - a).sum())
     hidden = int(_overlaps(c_starts, c_ends, a, b).sum())
-    return Metrics(makespan, compute_ns, times.stall_ns, peak, moved, transfer_ns, hidden)
+    return Metrics(makespan, compute_ns, times.stall_ns, peak, moved, transfer_ns, hidden, recompute_ns=recompute_ns)
 
 
 def _overlaps(starts: np.ndarray, ends: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -18,6 +18,14 @@ class StepKind(str, Enum):
     PREFETCH = "prefetch"  # remote tier -> HBM over a fetch link; the HBM copy is allocated at its start
     STORE = "store"  # HBM -> remote tier over a store link; the remote copy is valid at its end
     DETACH = "detach"  # drop the HBM copy (instant)
+    # Re-run an op that ran before, on the compute stream, to make its outputs again on HBM (those not resident):
+    # its inputs must be resident as for any op, and each output comes back as the version the op first made.
+    RECOMPUTE = "recompute"
+
+    @property
+    def runs_op(self) -> bool:
+        """Whether the step's target is an op (compute, recompute) rather than a tensor."""
+        return self is StepKind.COMPUTE or self is StepKind.RECOMPUTE
 
 
 class PlanStatus(str, Enum):
@@ -35,7 +43,7 @@ class PlanStatus(str, Enum):
 
 @dataclass(frozen=True)
 class Step:
-    """One program step. ``target`` is an op name (compute) or a tensor name (cache ops).
+    """One program step. ``target`` is an op name (compute, recompute) or a tensor name (cache ops).
 
     ``stream`` is ``compute`` or a link name; ``waits`` are indices of earlier steps.
     """
@@ -67,6 +75,7 @@ class Plan:
     placement: dict = field(default_factory=dict)
 
     def compute_order(self) -> list[str]:
+        """The ops in the order they first run (recomputations left out)."""
         return [s.target for s in self.steps if s.kind is StepKind.COMPUTE]
 
     def count(self, kind: StepKind) -> int:
@@ -91,6 +100,9 @@ class ProgramBuilder:
 
     def store(self, tensor: str, link: str, waits=()) -> int:
         return self.add(StepKind.STORE, tensor, link, waits)
+
+    def recompute(self, op: str, waits=()) -> int:
+        return self.add(StepKind.RECOMPUTE, op, COMPUTE, waits)
 
     def detach(self, tensor: str, stream: str = COMPUTE, waits=()) -> int:
         return self.add(StepKind.DETACH, tensor, stream, waits)

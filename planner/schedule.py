@@ -28,7 +28,7 @@ def schedule_to_dict(graph: Graph, hw: Hardware, plan: Plan, timeline: Timeline)
     program = []
     for i, s in enumerate(plan.steps):
         entry = {"id": i, "kind": s.kind.value}
-        entry["node" if s.kind is StepKind.COMPUTE else "tensor"] = s.target
+        entry["node" if s.kind.runs_op else "tensor"] = s.target
         entry["stream"] = s.stream
         entry["waits"] = list(s.waits)
         program.append(entry)
@@ -113,7 +113,7 @@ def plan_from_dict(doc: dict, source: str) -> Plan:
             if e.get("id", i) != i:
                 raise InputError(source, f"program[{i}]", f"id {e.get('id')!r} out of sequence")
             kind = StepKind(e["kind"])
-            target = e["node"] if kind is StepKind.COMPUTE else e["tensor"]
+            target = e["node"] if kind.runs_op else e["tensor"]
             steps.append(Step(kind, target, e["stream"], tuple(int(w) for w in e["waits"])))
         p = doc["planner"]
         offsets: dict = {}
@@ -229,9 +229,9 @@ def _check_plan(plan: Plan, graph: Graph, hw: Hardware, source: str) -> list[Inp
     ops, streams = graph.op_index, {COMPUTE} | {ln.name for ln in hw.links}
     for i, st in enumerate(plan.steps):
         where = f"program[{i}]"
-        if st.kind is StepKind.COMPUTE and st.target not in ops:
+        if st.kind.runs_op and st.target not in ops:
             errors.append(InputError(source, where, f"node {st.target!r} is not an op of the graph"))
-        elif st.kind is not StepKind.COMPUTE and st.target not in graph.tensors:
+        elif not st.kind.runs_op and st.target not in graph.tensors:
             errors.append(InputError(source, where, f"tensor {st.target!r} is not in the graph"))
         if st.stream not in streams:
             errors.append(InputError(source, where, f"stream {st.stream!r} is not compute or a link of the hardware "
@@ -313,9 +313,13 @@ def validate_schedule(doc: dict, graph: Graph, source: str, hardware: Hardware |
     timeline = simulate(graph, hw, plan)
     mismatches: list[str] = []
     fresh = schedule_to_dict(graph, hw, plan, timeline)
-    if fresh["metrics"] != doc.get("metrics"):
-        for key in sorted(set(fresh["metrics"]) | set(doc.get("metrics", {}))):
-            a, b = doc.get("metrics", {}).get(key), fresh["metrics"].get(key)
+    metrics = doc.get("metrics")
+    if isinstance(metrics, dict) and "recompute_us" not in metrics:
+        # Files written before recompute steps existed: they had none.
+        metrics = {**metrics, "recompute_us": 0.0}
+    if fresh["metrics"] != metrics:
+        for key in sorted(set(fresh["metrics"]) | set(metrics or {})):
+            a, b = (metrics or {}).get(key), fresh["metrics"].get(key)
             if a != b:
                 mismatches.append(f"metrics.{key}: file says {a!r}, executor gives {b!r}")
     recorded_tl = doc.get("timeline", [])

@@ -85,6 +85,8 @@ class Metrics:
     # Who placed the HBM allocations: "static" (the plan's offsets), "caching" (the caching allocator model; then
     # offset_height_bytes is its high-water address), or "none" (simulate(..., allocator=False)).
     allocator: str = "caching"
+    # The part of compute_ns spent re-running ops (recompute steps).
+    recompute_ns: int = 0
 
     @property
     def speed_key(self) -> tuple[int, int]:
@@ -101,6 +103,7 @@ class Metrics:
         return {
             "makespan_us": self.makespan_ns / 1000,
             "compute_us": self.compute_ns / 1000,
+            "recompute_us": self.recompute_ns / 1000,
             "stall_us": self.stall_ns / 1000,
             "peak_bytes": dict(sorted(self.peak_bytes.items())),
             "bytes_moved": dict(sorted(self.bytes_moved.items())),
