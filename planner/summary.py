@@ -9,6 +9,7 @@ from planner.api import Result
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
 from planner.placement import bytes_by_kind
+from planner.plan import StepKind
 from planner.quality import Quality, SolverOutcome
 from planner.tensors import NO_LAYER, MoveTotals, OffloadInterval, TensorView
 from planner.units import format_bytes, format_time_us
@@ -43,6 +44,7 @@ def summary_dict(graph: Graph, hw: Hardware, result: Result, schedule_path: str 
         # The no-offload plan waits too (on what is pinned remote): the stall the offloading adds is the difference.
         "no_offload_stall_us": ref.stall_ns / 1000,
         "hidden_transfer_share": round(m.hidden_share, 6),
+        **_recompute_entries(result),
         "defrag_events": m.defrag_events,
         "defrag_us": m.defrag_ns / 1000,
         "fragmentation_failures": m.fragmentation_failures,
@@ -53,6 +55,23 @@ def summary_dict(graph: Graph, hw: Hardware, result: Result, schedule_path: str 
         "notes": list(result.plan.notes),
         "schedule": schedule_path,
     }
+
+
+def _recompute_entries(result: Result) -> dict:
+    """The plan's recompute steps, their compute time and its share of the compute stream's busy time; empty for a
+    plan without any, so the summary of such a plan is what it was before recompute steps existed."""
+    count = result.plan.count(StepKind.RECOMPUTE)
+    if not count:
+        return {}
+    m = result.timeline.metrics
+    return {"recomputes": count, "recompute_us": m.recompute_ns / 1000,
+            "recompute_share_of_compute": round(m.recompute_ns / m.compute_ns, 6) if m.compute_ns else 0.0}
+
+
+def recompute_text(count: int, us: float, share: float | None = None) -> str:
+    """``12 ops, 3.4 ms (2.1% of compute)``: recompute steps and their time (``share``: of all compute)."""
+    return f"{count} op{'s' if count != 1 else ''}, {format_time_us(us)}" + (
+        "" if share is None else f" ({share:.1%} of compute)")
 
 
 def summary_table(d: dict) -> Table:
@@ -91,6 +110,9 @@ def summary_table(d: dict) -> Table:
     table.add_row("compute stall", format_time_us(d["stall_us"]) + (
         f" (no offload: {format_time_us(d['no_offload_stall_us'])})" if d.get("no_offload_stall_us") else ""))
     table.add_row("transfer hidden behind compute", f"{d['hidden_transfer_share']:.1%}")
+    if d.get("recomputes"):
+        # Ops re-run to make dropped tensors again: compute time traded for HBM, as transfers trade link time.
+        table.add_row("recompute", recompute_text(d["recomputes"], d["recompute_us"], d["recompute_share_of_compute"]))
     if d.get("allocator") == "static":
         table.add_row("HBM placement", "static offsets (planned)")
         table.add_row("defragmentation events", "0 (static offsets)")
@@ -124,6 +146,8 @@ def _interval_text(iv: OffloadInterval) -> str:
         returns = "step end"
     else:
         returns = f"before {iv.returns_before or '?'}" + (", next step" if iv.next_step else "")
+        if iv.recomputed_by:
+            returns = f"recompute {iv.recomputed_by}, {returns}"
     return f"{leaves} → {returns} ({format_time_us(iv.duration_ns / 1000)})"
 
 
@@ -131,18 +155,23 @@ def tensor_move_rows(view: TensorView, top: int | None = None) -> tuple[list[str
     """(headers, rows) of the moving tensors, most HBM bytes x time freed first (the ``top`` first when given).
 
     One row per tensor: how often it leaves HBM and its longest interval off HBM; every interval is in
-    ``TensorView.to_dict()``. The layer column is there when some name has a layer id.
+    ``TensorView.to_dict()``. The layer column is there when some name has a layer id; when the plan recomputes,
+    "to" says ``recomputed`` for tensors made again and a recompute column has their share of recompute time.
     """
     layered = any(m.layer != NO_LAYER for m in view.moves)
+    redo = view.recomputes
     headers = ["tensor", "kind", *(["layer"] if layered else []), "size", "to", "times off",
-               "longest time off HBM", "HBM freed (bytes×time)", "stall"]
+               "longest time off HBM", "HBM freed (bytes×time)", "stall", *(["recompute"] if redo else [])]
     rows = []
     for m in view.moves[:top]:
         longest = m.largest
+        to = list(m.tiers) + ([f"recomputed ×{m.recomputes}" if m.recomputes > 1 else "recomputed"]
+                              if m.recomputes else [])
         rows.append([m.name, m.kind, *([m.layer] if layered else []), format_bytes(m.bytes),
-                     ", ".join(m.tiers) or "-", str(len(m.intervals)),
+                     ", ".join(to) or "-", str(len(m.intervals)),
                      "-" if longest is None else _interval_text(longest), _byte_time(m.freed_byte_ns),
-                     format_time_us(m.stall_ns / 1000)])
+                     format_time_us(m.stall_ns / 1000),
+                     *([format_time_us(m.recompute_ns / 1000)] if redo else [])])
     return headers, rows
 
 
@@ -159,10 +188,14 @@ def peak_rows(view: TensorView, top: int | None = None) -> tuple[list[str], list
 
 
 def move_totals_rows(totals: tuple[MoveTotals, ...] | list[MoveTotals], what: str) -> tuple[list[str], list[list[str]]]:
-    """(headers, rows) of moving-tensor totals per ``what`` (kind or layer)."""
-    headers = [what, "tensors", "size", "times off", "bytes moved", "HBM freed (bytes×time)", "stall"]
+    """(headers, rows) of moving-tensor totals per ``what`` (kind or layer); with a recompute column when some
+    tensor is made again by recomputation."""
+    redo = any(t.recompute_ns for t in totals)
+    headers = [what, "tensors", "size", "times off", "bytes moved", "HBM freed (bytes×time)", "stall",
+               *(["recompute"] if redo else [])]
     rows = [[t.key, str(t.tensors), format_bytes(t.bytes), str(t.intervals), format_bytes(t.moved_bytes),
-             _byte_time(t.freed_byte_ns), format_time_us(t.stall_ns / 1000)] for t in totals]
+             _byte_time(t.freed_byte_ns), format_time_us(t.stall_ns / 1000),
+             *([format_time_us(t.recompute_ns / 1000)] if redo else [])] for t in totals]
     return headers, rows
 
 

@@ -1,9 +1,10 @@
 """Which tensors move, and why: a per-tensor view of an executed plan.
 
 Totals (bytes moved, compute stall) say how much a plan moves; this module says what. For every tensor that
-moves (the plan has a Prefetch, Store or Detach of it, or it starts the step off HBM) it lists each interval the
-tensor spends off HBM: the op after which it leaves, the op before which it returns, the tier that holds it
-meanwhile, the HBM bytes x time the interval frees, and the compute stall its transfers cause. It also lists what
+moves (the plan has a Prefetch, Store or Detach of it, a recomputation makes it again, or it starts the step off
+HBM) it lists each interval the tensor spends off HBM: the op after which it leaves, the op before which it
+returns, the tier that holds it meanwhile (none when it is dropped and recomputed), the HBM bytes x time the
+interval frees, the compute stall its transfers cause and the compute time spent recomputing it. It also lists what
 is on HBM at the HBM peak, as torch's memory snapshot viewer does, and totals per tensor kind and per layer.
 
 Everything is derived from the Timeline (residencies and step timings) and the Plan's steps: the executor's
@@ -51,6 +52,8 @@ class OffloadInterval:
     ``duration_ns`` is the length off HBM; ``stall_ns`` the compute stall caused by the transfers that end it (the
     Prefetch) or start it (the Store a Detach waits for). ``next_step``: ``returns_before`` is an op of the next
     step (the interval wraps, or the tensor comes back after its last use to be on HBM when the step ends).
+    ``recomputed_by``: the op whose recomputation ends the interval (the tensor was dropped with no copy and made
+    again; ``tier`` is then None).
     """
 
     leave_ns: int | None
@@ -62,6 +65,7 @@ class OffloadInterval:
     wraps: bool = False
     stall_ns: int = 0
     next_step: bool = False
+    recomputed_by: str | None = None
 
     def freed_byte_ns(self, nbytes: int) -> int:
         """HBM bytes x nanoseconds this interval frees for a tensor of ``nbytes``."""
@@ -78,6 +82,7 @@ class OffloadInterval:
             "wraps": self.wraps,
             "returns_next_step": self.next_step,
             "stall_us": self.stall_ns / 1000,
+            "recomputed_by": self.recomputed_by,
         }
 
 
@@ -87,6 +92,8 @@ class TensorMove:
 
     ``moved_bytes`` is link name -> bytes its Prefetch and Store steps carry. ``stall_ns`` is all compute stall
     attributed to its transfers, including any that no interval claims (a Store of a tensor that stays on HBM).
+    ``recomputes`` counts the recompute steps that make it again, ``recompute_ns`` their compute time (a step that
+    makes several tensors again is split evenly among them, so the tensors add up to ``Metrics.recompute_ns``).
     """
 
     name: str
@@ -100,6 +107,8 @@ class TensorMove:
     stores: int = 0
     detaches: int = 0
     stall_ns: int = 0
+    recomputes: int = 0
+    recompute_ns: int = 0
 
     @property
     def off_hbm_ns(self) -> int:
@@ -137,6 +146,8 @@ class TensorMove:
             "prefetches": self.prefetches,
             "stores": self.stores,
             "detaches": self.detaches,
+            "recomputes": self.recomputes,
+            "recompute_us": self.recompute_ns / 1000,
             "intervals": [iv.to_dict() for iv in self.intervals],
         }
 
@@ -185,11 +196,12 @@ class MoveTotals:
     moved_bytes: int  # over all links
     freed_byte_ns: int
     stall_ns: int
+    recompute_ns: int = 0
 
     def to_dict(self) -> dict:
         return {"key": self.key, "tensors": self.tensors, "bytes": self.bytes, "intervals": self.intervals,
                 "moved_bytes": self.moved_bytes, "freed_byte_s": self.freed_byte_ns / 1e9,
-                "stall_us": self.stall_ns / 1000}
+                "stall_us": self.stall_ns / 1000, "recompute_us": self.recompute_ns / 1000}
 
 
 @dataclass(frozen=True)
@@ -201,6 +213,11 @@ class TensorView:
     by_kind: tuple[MoveTotals, ...]
     by_layer: tuple[MoveTotals, ...]
     makespan_ns: int
+
+    @property
+    def recomputes(self) -> bool:
+        """Whether the plan makes some tensor again by recomputation (the tables then show a recompute column)."""
+        return any(m.recomputes for m in self.moves)
 
     def to_dict(self) -> dict:
         return {
@@ -271,12 +288,17 @@ def _compute_stalls(plan: Plan, timeline: Timeline) -> list[tuple[int, int]]:
 def tensor_moves(graph: Graph, plan: Plan, timeline: Timeline) -> list[TensorMove]:
     """Return every tensor that moves, most HBM bytes x time freed first (then larger, then by name).
 
-    A tensor moves when the plan has a Prefetch, Store or Detach of it, or it starts the step off HBM. Its
-    intervals off HBM are the gaps between its HBM residencies; one that starts the step off HBM is off from time
-    0 to its first residency, and one that outlives the step and leaves HBM after its last use is off until the
-    step ends; both together are one interval across the step boundary (``wraps``). Tensors that do not outlive
-    the step are not "off HBM" after their last use: they are freed, as with no offload. Empty when the timeline
-    has no step times (the plan did not run).
+    A tensor moves when the plan has a Prefetch, Store or Detach of it, a recompute step makes it again, or it
+    starts the step off HBM. Its intervals off HBM are the gaps between its HBM residencies; one that starts the
+    step off HBM is off from time 0 to its first residency, and one that outlives the step and leaves HBM after
+    its last use is off until the step ends; both together are one interval across the step boundary (``wraps``).
+    Tensors that do not outlive the step are not "off HBM" after their last use: they are freed, as with no
+    offload. Empty when the timeline has no step times (the plan did not run).
+
+    A recompute step targets an op, not a tensor: it counts for the outputs it allocates again (those not on HBM
+    at its start, see ``recomputed_outputs``), and an interval that ends at its start is ``recomputed_by`` that op. A
+    recomputation is also a use of the tensors it reads and makes: ``leaves_after`` and ``returns_before`` then
+    name it ``recompute OP``.
     """
     if len(timeline.steps) != len(plan.steps):
         return []
@@ -287,9 +309,12 @@ def tensor_moves(graph: Graph, plan: Plan, timeline: Timeline) -> list[TensorMov
     names: dict[str, None] = {n: None for n, tier in start.items() if tier != HBM}
     per_tensor_steps: dict[str, list[int]] = {}
     for i, s in enumerate(steps):
-        if s.kind is not StepKind.COMPUTE:
+        if not s.kind.runs_op:
             names.setdefault(s.target, None)
             per_tensor_steps.setdefault(s.target, []).append(i)
+    remade = _remade(graph, plan, timeline)
+    for name in remade:
+        names.setdefault(name, None)
     names = {n: None for n in names if n in graph.tensors}
 
     on_hbm: dict[str, list[Residency]] = {n: [] for n in names}
@@ -300,6 +325,18 @@ def tensor_moves(graph: Graph, plan: Plan, timeline: Timeline) -> list[TensorMov
 
     op_time = {s.target: (t.start_ns, t.end_ns) for s, t in zip(steps, times) if s.kind is StepKind.COMPUTE}
     producer = graph.producer
+    # Recomputations read their op's inputs and make its outputs again: uses of those tensors, as (start, end,
+    # label) per tensor. Labelled apart from the op's first run, which the same op name already stands for.
+    redo_uses: dict[str, list[tuple[int, int, str]]] = {}
+    redo_reads: dict[str, list[tuple[int, int, str]]] = {}
+    for s, t in zip(steps, times):
+        if s.kind is StepKind.RECOMPUTE and s.target in graph.op_index:
+            op = graph.op(s.target)
+            use = (t.start_ns, t.end_ns, f"recompute {s.target}")
+            for x in op.reads:
+                redo_reads.setdefault(x, []).append(use)
+            for x in dict.fromkeys(op.reads + op.outputs):
+                redo_uses.setdefault(x, []).append(use)
 
     stall_of_step: dict[int, int] = {}
     for w, ns in _compute_stalls(plan, timeline):
@@ -311,8 +348,10 @@ def tensor_moves(graph: Graph, plan: Plan, timeline: Timeline) -> list[TensorMov
         segs = sorted(on_hbm[name], key=lambda r: (r.start_ns, r.seq))
         # Ops that touch it, by end (for "leaves after") and readers by start (for "returns before").
         touch = [op for op in ((producer[name],) if name in producer else ()) + graph.users[name] if op in op_time]
-        by_end = sorted((op_time[op][1], op) for op in touch)
-        readers = sorted((op_time[op][0], op) for op in graph.users[name] if op in op_time)
+        by_end = sorted([(op_time[op][1], op) for op in touch] + [(e, lbl) for _s, e, lbl in redo_uses.get(name, ())])
+        readers = sorted([(op_time[op][0], op) for op in graph.users[name] if op in op_time]
+                         + [(st, lbl) for st, _e, lbl in redo_reads.get(name, ())])
+        remade_at = {times[i].start_ns: steps[i].target for i, _ns in remade.get(name, ())}
 
         # (leave, return, wraps) with None for "before the step" / "not within the step".
         raw: list[tuple[int | None, int | None, bool]] = []
@@ -352,6 +391,7 @@ def tensor_moves(graph: Graph, plan: Plan, timeline: Timeline) -> list[TensorMov
                 leave_ns=leave, return_ns=ret, duration_ns=duration,
                 leaves_after=None if leave is None else _last_before(by_end, leave),
                 returns_before=before, tier=tier, wraps=wraps, next_step=next_step,
+                recomputed_by=None if ret is None else remade_at.get(ret),
             ))
         # In the order they leave: one that starts the step off HBM first, one across the step boundary last.
         intervals.sort(key=lambda iv: -1 if iv.leave_ns is None else iv.leave_ns)
@@ -373,14 +413,65 @@ def tensor_moves(graph: Graph, plan: Plan, timeline: Timeline) -> list[TensorMov
             if j is not None:
                 interval_stall[j] += ns
         intervals = [replace(iv, stall_ns=st) if st else iv for iv, st in zip(intervals, interval_stall)]
+        redo = remade.get(name, ())
         moves.append(TensorMove(
             name=name, kind=t.kind.value, bytes=t.bytes, layer=layer_of(name),
             start_tier=start.get(name), intervals=tuple(intervals), moved_bytes=moved,
             prefetches=counts[StepKind.PREFETCH], stores=counts[StepKind.STORE],
             detaches=counts[StepKind.DETACH], stall_ns=stall,
+            recomputes=len(redo), recompute_ns=sum(ns for _i, ns in redo),
         ))
     moves.sort(key=lambda m: (-m.freed_byte_ns, -m.bytes, m.name))
     return moves
+
+
+def recomputed_outputs(graph: Graph, plan: Plan, timeline: Timeline) -> dict[int, tuple[str, ...]]:
+    """Recompute step index -> the outputs of its op that it makes again, in the op's order (empty: none).
+
+    The executor allocates at a recompute's start those outputs of the op that are not on HBM then; this reads it
+    back from the HBM residencies: an output counts when one of its HBM copies starts at the recompute's start
+    and no earlier step that allocates it (its first computation, a Prefetch) starts at that instant too (at equal
+    times the executor allocates in program order). Empty when the timeline has no step times.
+    """
+    steps, times = plan.steps, timeline.steps
+    redo = [i for i, s in enumerate(steps) if s.kind is StepKind.RECOMPUTE and s.target in graph.op_index]
+    if not redo or len(times) != len(steps):
+        return {}
+    hbm_starts = {(r.name, r.start_ns) for r in timeline.residencies if r.tier == HBM}
+    # (tensor, start ns) -> the first step in program order that may allocate it then.
+    first_alloc: dict[tuple[str, int], int] = {}
+    for i, s in enumerate(steps):
+        if s.kind is StepKind.PREFETCH:
+            made: tuple[str, ...] = (s.target,)
+        elif s.kind.runs_op and s.target in graph.op_index:
+            made = graph.op(s.target).outputs
+        else:
+            continue
+        for t in made:
+            first_alloc.setdefault((t, times[i].start_ns), i)
+    out: dict[int, tuple[str, ...]] = {}
+    for i in redo:
+        at = times[i].start_ns
+        out[i] = tuple(t for t in graph.op(steps[i].target).outputs
+                       if (t, at) in hbm_starts and first_alloc.get((t, at)) == i)
+    return out
+
+
+def _remade(graph: Graph, plan: Plan, timeline: Timeline) -> dict[str, list[tuple[int, int]]]:
+    """Tensor -> (recompute step, its share of the step's compute ns) for every recompute step that makes it again.
+
+    The step's compute time is split evenly among the tensors it makes again (the remainder to the first), so they
+    add up to ``Metrics.recompute_ns``; a recomputation that makes nothing again is counted by none.
+    """
+    out: dict[str, list[tuple[int, int]]] = {}
+    for i, made in recomputed_outputs(graph, plan, timeline).items():
+        if not made:
+            continue
+        t_i = timeline.steps[i]
+        share, extra = divmod(t_i.end_ns - t_i.start_ns, len(made))
+        for j, t in enumerate(made):
+            out.setdefault(t, []).append((i, share + (extra if j == 0 else 0)))
+    return out
 
 
 def _last_before(by_end: list[tuple[int, str]], ns: int) -> str | None:
@@ -438,9 +529,9 @@ def peak_residents(timeline: Timeline, top: int | None = None) -> list[PeakResid
 def _totals(moves: Iterable[TensorMove], key) -> dict[str, MoveTotals]:
     acc: dict[str, list[int]] = {}
     for m in moves:
-        a = acc.setdefault(key(m), [0] * 6)
+        a = acc.setdefault(key(m), [0] * 7)
         for j, v in enumerate((1, m.bytes, len(m.intervals), sum(m.moved_bytes.values()), m.freed_byte_ns,
-                               m.stall_ns)):
+                               m.stall_ns, m.recompute_ns)):
             a[j] += v
     return {k: MoveTotals(k, *v) for k, v in acc.items()}
 
@@ -466,4 +557,5 @@ def tensor_view(graph: Graph, plan: Plan, timeline: Timeline, peak_top: int | No
 
 
 __all__ = ["OffloadInterval", "TensorMove", "PeakResident", "HbmPeak", "MoveTotals", "TensorView", "layer_of",
-           "tensor_moves", "hbm_peak", "peak_residents", "totals_by_kind", "totals_by_layer", "tensor_view"]
+           "recomputed_outputs", "tensor_moves", "hbm_peak", "peak_residents", "totals_by_kind", "totals_by_layer",
+           "tensor_view"]

@@ -14,11 +14,12 @@ from planner.executor import simulate
 from planner.graph import Graph, Op, Tensor, TensorKind
 from planner.hardware import HBM
 from planner.placement import start_tiers
-from planner.plan import ProgramBuilder, StepKind
+from planner.plan import ProgramBuilder
 from planner.tensors import (
     hbm_peak,
     layer_of,
     peak_residents,
+    recomputed_outputs,
     tensor_moves,
     tensor_view,
     totals_by_kind,
@@ -128,8 +129,10 @@ def test_transformer_block_moves_agree_with_the_executor(tb_greedy):
     g, plan, tl = tb_greedy
     view = tensor_view(g, plan, tl)
     moves = view.moves
-    # Every tensor with a Prefetch, Store or Detach, or starting off HBM, appears once.
-    expected = {s.target for s in plan.steps if s.kind is not StepKind.COMPUTE}
+    # Every tensor with a Prefetch, Store or Detach, made again by a recompute step, or starting off HBM, appears
+    # once (a recompute step targets an op, not a tensor).
+    expected = {s.target for s in plan.steps if not s.kind.runs_op}
+    expected |= {t for made in recomputed_outputs(g, plan, tl).values() for t in made}
     expected |= {n for n, tier in start_tiers(g, plan.placement).items() if tier != HBM}
     assert [m.name for m in moves] == list(dict.fromkeys(m.name for m in moves))
     assert {m.name for m in moves} == expected
@@ -140,6 +143,7 @@ def test_transformer_block_moves_agree_with_the_executor(tb_greedy):
             per_link[link] = per_link.get(link, 0) + n
     assert per_link == {k: v for k, v in tl.metrics.bytes_moved.items() if v}
     assert sum(m.stall_ns for m in moves) == tl.metrics.stall_ns
+    assert sum(m.recompute_ns for m in moves) == tl.metrics.recompute_ns
     # Sorted by HBM bytes x time freed; each interval is a real gap in the tensor's HBM residencies.
     freed = [m.freed_byte_ns for m in moves]
     assert freed == sorted(freed, reverse=True) and freed[0] > 0
@@ -169,23 +173,26 @@ def run(*args):
     return CliRunner().invoke(main, [str(a) for a in args])
 
 
-def test_cli_tensors_tables():
+def test_cli_tensors_tables(tb_greedy):
+    # The count is greedy's (the fixture's plan is the CLI's: same planner, graph and budget), not pinned here.
+    moving = len(tensor_moves(*tb_greedy))
     r = run(TB, "--hbm", "1GB", "--planner", "greedy", "--no-output", "--tensors", "5")
     assert r.exit_code == 0, r.output
     assert "peak HBM" in r.output  # the usual summary first
-    for part in ("Tensors that move: 28, by HBM bytes × time freed (top 5)", "more moving tensors",
+    for part in (f"Tensors that move: {moving}, by HBM bytes × time freed (top 5)", "more moving tensors",
                  "On HBM at its peak: 990.5 MB", "Moving tensors by kind", "optimizer_state", "w_down_v"):
         assert part in r.output, part
     assert r.output.index("peak HBM") < r.output.index("Tensors that move")
 
 
-def test_cli_tensors_json_has_every_moving_tensor(tmp_path):
+def test_cli_tensors_json_has_every_moving_tensor(tmp_path, tb_greedy):
     r = run(TB, "--hbm", "1GB", "--planner", "greedy", "--no-output", "--tensors", "--json")
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
     assert d["tensors"] == len(api.load_graph(TB).tensors)  # the graph's tensor count, as without --tensors
     view = d["tensor_view"]
-    assert view["moving_tensors"] == len(view["moves"]) == 28  # all of them, not the top 20
+    moving = len(tensor_moves(*tb_greedy))
+    assert view["moving_tensors"] == len(view["moves"]) == moving > 20  # all of them, not the top 20
     assert sum(m["moved_bytes"].get("d2h", 0) for m in view["moves"]) == d["bytes_moved"]["d2h"]
     assert view["peak"]["bytes"] == d["peak_hbm_bytes"]
     assert {"by_kind", "by_layer"} <= set(view)
@@ -212,3 +219,130 @@ def test_report_has_a_tensor_section_and_csv(tmp_path):
     assert len(mine) == sum(max(1, len(m.intervals)) for m in moves)
     for m in moves:
         assert f"| {m.name} |" in md or len(moves) > 10
+
+
+# -- recompute steps: a dropped tensor made again by re-running its op --------------------------------------------
+
+
+def test_dropped_and_recomputed_tensor_is_off_hbm_until_the_recomputation():
+    # op0 [0, 1000); op1 [1000, 2000); a dropped at 2000 (no copy); op2 [2000, 3000); op0 again [3000, 4000) makes
+    # a again; op3 [4000, 5000) reads it. Off HBM 2000 to 3000, held by no tier; its cost is the 1 us re-run.
+    g, hw = skip_graph(), simple_hardware()
+    b = ProgramBuilder()
+    for op in ("op0", "op1"):
+        b.compute(op)
+    b.detach("a")
+    b.compute("op2")
+    redo = b.recompute("op0")
+    b.compute("op3")
+    plan = b.build(g.name, "hand")
+    tl = simulate(g, hw, plan)
+    assert tl.valid, [v.describe() for v in tl.violations]
+    assert recomputed_outputs(g, plan, tl) == {redo: ("a",)}
+    (m,) = tensor_moves(g, plan, tl)  # x, kept on HBM for the re-run, does not move
+    assert (m.name, m.recomputes, m.recompute_ns, m.detaches, m.prefetches, m.stores) == ("a", 1, 1000, 1, 0, 0)
+    assert m.recompute_ns == tl.metrics.recompute_ns and m.moved_bytes == {} and m.tiers == ()
+    (iv,) = m.intervals
+    assert (iv.leave_ns, iv.return_ns, iv.duration_ns) == (2000, 3000, 1000)
+    assert (iv.leaves_after, iv.returns_before, iv.tier, iv.recomputed_by) == ("op1", "op3", None, "op0")
+    assert iv.stall_ns == m.stall_ns == 0 and not iv.next_step
+    d = json.loads(json.dumps(m.to_dict()))
+    assert (d["recomputes"], d["recompute_us"], d["tiers"]) == (1, 1.0, [])
+    assert d["intervals"][0]["recomputed_by"] == "op0" and d["intervals"][0]["tier"] is None
+    (kind,) = totals_by_kind([m])
+    assert kind.recompute_ns == 1000 and kind.to_dict()["recompute_us"] == 1.0
+    assert tensor_view(g, plan, tl).recomputes
+
+
+def test_stall_of_a_recomputation_goes_to_the_prefetch_of_its_input():
+    # x is stored and dropped after op0, fetched back for the re-run of op0: the re-run waits 50 ns for it.
+    g, hw = skip_graph(), simple_hardware()
+    b = ProgramBuilder()
+    op0 = b.compute("op0")
+    st = b.store("x", "d2h", [op0])             # [1000, 1050)
+    b.detach("x", "d2h", [st])                  # 1050, on the link: no compute stall
+    b.compute("op1")
+    b.detach("a")                               # 2000
+    op2 = b.compute("op2")
+    pf = b.prefetch("x", "h2d", [op2])          # [3000, 3050)
+    b.recompute("op0", [pf])                    # [3050, 4050)
+    b.compute("op3")
+    plan = b.build(g.name, "hand")
+    tl = simulate(g, hw, plan)
+    assert tl.valid, [v.describe() for v in tl.violations]
+    assert tl.metrics.stall_ns == 50
+    moves = {m.name: m for m in tensor_moves(g, plan, tl)}
+    assert set(moves) == {"x", "a"}
+    x, a = moves["x"], moves["a"]
+    (ix,) = x.intervals
+    assert (ix.leave_ns, ix.return_ns, ix.tier, ix.returns_before, ix.recomputed_by) == (
+        1050, 3000, "host", "recompute op0", None)
+    assert ix.stall_ns == x.stall_ns == 50 and x.recomputes == 0 and x.moved_bytes == {"d2h": 50, "h2d": 50}
+    (ia,) = a.intervals
+    assert (ia.leave_ns, ia.return_ns, ia.recomputed_by, ia.tier) == (2000, 3050, "op0", None)
+    assert a.stall_ns == 0 and a.recompute_ns == tl.metrics.recompute_ns == 1000
+    assert sum(m.stall_ns for m in moves.values()) == tl.metrics.stall_ns
+
+
+def two_outputs_graph() -> Graph:
+    """split: x -> (a, b); long: x -> c; join: (a, b, c) -> y. a and b idle while long runs."""
+    tensors = [Tensor("x", 10, TensorKind.INPUT), Tensor("a", 100), Tensor("b", 100), Tensor("c", 10),
+               Tensor("y", 10, TensorKind.OUTPUT)]
+    ops = [Op("split", "Split", ("x",), ("a", "b"), duration_s=1e-6),
+           Op("long", "F", ("x",), ("c",), duration_s=5e-6),
+           Op("join", "F", ("a", "b", "c"), ("y",), duration_s=1e-6)]
+    return Graph.build("two", tensors, ops)
+
+
+@pytest.mark.parametrize("dropped", [("a", "b"), ("a",)])
+def test_a_recomputation_counts_for_the_outputs_it_makes_again(dropped):
+    # Both dropped: the 1 us re-run is split between them. Only a dropped: b is still on HBM, the re-run makes a
+    # only, and b does not move.
+    g, hw = two_outputs_graph(), simple_hardware()
+    b = ProgramBuilder()
+    b.compute("split")
+    for t in dropped:
+        b.detach(t)
+    b.compute("long")
+    redo = b.recompute("split")
+    b.compute("join")
+    plan = b.build(g.name, "hand")
+    tl = simulate(g, hw, plan)
+    assert tl.valid, [v.describe() for v in tl.violations]
+    assert recomputed_outputs(g, plan, tl) == {redo: dropped}
+    moves = {m.name: m for m in tensor_moves(g, plan, tl)}
+    assert set(moves) == set(dropped)
+    assert {n: m.recompute_ns for n, m in moves.items()} == {t: 1000 // len(dropped) for t in dropped}
+    assert sum(m.recompute_ns for m in moves.values()) == tl.metrics.recompute_ns == 1000
+    for m in moves.values():
+        (iv,) = m.intervals
+        assert (iv.leave_ns, iv.return_ns, iv.recomputed_by, iv.returns_before) == (1000, 6000, "split", "join")
+
+
+def test_tensor_tables_show_recomputation_only_when_the_plan_recomputes():
+    from planner.summary import move_totals_rows, tensor_move_rows
+
+    g, hw = skip_graph(), simple_hardware()
+    plain = skip_plan(g)
+    view = tensor_view(g, plain, simulate(g, hw, plain))
+    headers, rows = tensor_move_rows(view)
+    assert "recompute" not in headers and not view.recomputes
+    assert "recompute" not in move_totals_rows(view.by_kind, "kind")[0]
+
+    b = ProgramBuilder()
+    for op in ("op0", "op1"):
+        b.compute(op)
+    b.detach("a")
+    b.compute("op2")
+    b.recompute("op0")
+    b.compute("op3")
+    plan = b.build(g.name, "hand")
+    tl = simulate(g, hw, plan)
+    assert tl.valid
+    view = tensor_view(g, plan, tl)
+    headers, rows = tensor_move_rows(view)
+    row = dict(zip(headers, rows[0]))
+    assert row["to"] == "recomputed" and row["recompute"] == "1 us"
+    assert row["longest time off HBM"] == "after op1 → recompute op0, before op3 (1 us)"
+    headers, rows = move_totals_rows(view.by_kind, "kind")
+    assert dict(zip(headers, rows[0]))["recompute"] == "1 us"

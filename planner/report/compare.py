@@ -27,7 +27,7 @@ from planner.formats.hograph import graph_sha256
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
 from planner.placement import bytes_by_kind
-from planner.plan import Plan
+from planner.plan import Plan, StepKind
 from planner.planners import REGISTRY, REPORT_PLANNERS
 from planner.quality import solver_outcome
 from planner.timeline import Timeline
@@ -174,7 +174,32 @@ def metrics_row(base: dict, hw: Hardware, plan: Plan, tl: Timeline, reference: T
         "made_by": plan.planner,
         "plan_options": _plain(plan.options),
     })
+    if plan.count(StepKind.RECOMPUTE):
+        # Only for plans that recompute, so rows (and the tables made from them) of other plans stay as they were;
+        # ``compare`` fills in zeros for the other plans of a comparison where one recomputes.
+        row.update(recompute_fields(plan, tl))
     return row
+
+
+# The row keys of recomputation: recompute steps, and their compute time (part of the makespan's compute).
+RECOMPUTE_KEYS = ("recomputes", "recompute_us")
+
+
+def recompute_fields(plan: Plan, tl: Timeline) -> dict:
+    """The recompute keys of a simulated plan's row."""
+    return {"recomputes": plan.count(StepKind.RECOMPUTE), "recompute_us": tl.metrics.recompute_ns / 1000}
+
+
+def fill_recompute(rows: list[dict]) -> None:
+    """When some row's plan recomputes, give every row with a simulated plan the recompute keys (0 when its plan
+    does not), so each row of a comparison has the same columns; rows without a plan keep None. Rows of plans that
+    never recompute are left as they are."""
+    if not any(r.get("recomputes") for r in rows):
+        return
+    for r in rows:
+        simulated = r.get("makespan_us") is not None
+        for k in RECOMPUTE_KEYS:
+            r.setdefault(k, (0 if k == "recomputes" else 0.0) if simulated else None)
 
 
 def _sweep_note(plan: Plan) -> list[str]:
@@ -224,10 +249,12 @@ def compare(
         if on_planner:
             on_planner(name)
         cmp.runs[name] = run_planner(graph, hw, name, reference, bounds, (options or {}).get(name))
+    fill_recompute(cmp.rows)
     return cmp
 
 
 __all__ = [
     "REPORT_PLANNERS", "VALID", "INVALID", "INFEASIBLE", "ERROR", "Run", "Comparison", "available_planners",
-    "lower_bounds", "run_planner", "metrics_row", "compare", "graph_info", "planner_fn",
+    "lower_bounds", "run_planner", "metrics_row", "compare", "graph_info", "planner_fn", "RECOMPUTE_KEYS",
+    "recompute_fields", "fill_recompute",
 ]

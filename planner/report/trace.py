@@ -2,7 +2,8 @@
 
 Layout, per plan (one process each, so several planners can sit in one file):
 
-- a ``compute`` thread with one complete slice (``ph: X``) per op; Detach steps are instant events;
+- a ``compute`` thread with one complete slice (``ph: X``) per op; a recompute step is a slice ``recompute OP``
+  of category ``recompute`` (the tensors it makes again in its args); Detach steps are instant events;
 - one thread per lane of each link (``d2h lane 0``, ...): a transfer goes to the first lane that is free when it
   starts, so slices on one thread never overlap (Perfetto silently cuts crossing slices on one track);
 - counter tracks (``ph: C``) of the bytes resident on HBM and on each remote tier, plus the HBM budget;
@@ -23,6 +24,7 @@ from planner.fileio import write_atomic
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
 from planner.plan import COMPUTE, Plan, StepKind
+from planner.tensors import recomputed_outputs
 from planner.timeline import Timeline
 
 COMPUTE_TID = 1
@@ -93,6 +95,7 @@ def run_events(run: TraceRun, pid: int) -> list[dict]:
             if s.stream == ln.name and s.kind is StepKind.DETACH:
                 tid_of[i] = next_tid
         next_tid += n_lanes
+    remade = recomputed_outputs(graph, plan, tl)
     for i, s in enumerate(plan.steps):
         tm = tl.steps[i]
         tid = COMPUTE_TID if s.stream == COMPUTE else tid_of[i]
@@ -101,6 +104,14 @@ def run_events(run: TraceRun, pid: int) -> list[dict]:
             ev.append({"ph": "X", "pid": pid, "tid": tid, "name": s.target, "cat": op.op_type,
                        "ts": _us(tm.start_ns), "dur": _us(tm.end_ns - tm.start_ns),
                        "args": {"step": i, "op_type": op.op_type, "waits": list(s.waits)}})
+        elif s.kind is StepKind.RECOMPUTE:
+            # Its own category, not the op type, so Perfetto can select or filter every recomputation at once;
+            # the trace sets no colours (cname), so none here either.
+            op = graph.op(s.target)
+            ev.append({"ph": "X", "pid": pid, "tid": tid, "name": f"recompute {s.target}", "cat": "recompute",
+                       "ts": _us(tm.start_ns), "dur": _us(tm.end_ns - tm.start_ns),
+                       "args": {"step": i, "op": s.target, "op_type": op.op_type,
+                                "makes_again": list(remade.get(i, ())), "waits": list(s.waits)}})
         elif s.kind is StepKind.DETACH:
             ev.append({"ph": "i", "s": "t", "pid": pid, "tid": tid, "name": f"detach {s.target}", "cat": "detach",
                        "ts": _us(tm.start_ns), "args": {"step": i, "tensor": s.target}})

@@ -59,8 +59,9 @@ def fmt_status(row: dict) -> str:
     return f"**{row['status']}**"
 
 
-def table_columns(link_names: list[str]) -> list[tuple[str, str, object]]:
-    """(csv column, Markdown header, formatter) for the comparison table."""
+def table_columns(link_names: list[str], recompute: bool = False) -> list[tuple[str, str, object]]:
+    """(csv column, Markdown header, formatter) for the comparison table; ``recompute``: with the recompute steps
+    and their time (when some compared plan recomputes: tables of other plans stay as they were)."""
     cols: list[tuple[str, str, object]] = [
         ("planner", "planner", str),
         ("status", "status", None),  # fmt_status takes the whole row
@@ -73,6 +74,7 @@ def table_columns(link_names: list[str]) -> list[tuple[str, str, object]]:
     cols += [
         ("start_remote_bytes", "starts off HBM", fmt_bytes),
         ("stall_us", "compute stall", fmt_time),
+        *([("recomputes", "recomputes", fmt_int), ("recompute_us", "recompute time", fmt_time)] if recompute else []),
         ("hidden_transfer_share", "transfer hidden", fmt_share),
         ("defrag_events", "defrag events", fmt_int),
         ("gap_vs_bound", "gap vs bound", fmt_pct),
@@ -114,9 +116,14 @@ def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def any_recompute(cmp_rows: list[dict]) -> bool:
+    """Whether some row's plan has recompute steps (``compare.metrics_row`` writes ``recomputes`` only then)."""
+    return any(r.get("recomputes") for r in cmp_rows)
+
+
 def comparison_table(cmp_rows: list[dict], link_names: list[str]) -> tuple[str, list[str]]:
     """(Markdown table, csv columns) of the comparison rows."""
-    cols = table_columns(link_names)
+    cols = table_columns(link_names, any_recompute(cmp_rows))
     flat = [flat_row(r) for r in cmp_rows]
     body = []
     for r, f in zip(cmp_rows, flat):
@@ -215,13 +222,17 @@ TENSORS_CSV_COLUMNS = ["planner", "tensor", "kind", "layer", "bytes", "start_tie
                        "leaves_after", "returns_before", "returns_next_step", "wraps", "leave_us", "return_us",
                        "off_hbm_us", "freed_byte_s", "stall_us", "tensor_freed_byte_s", "tensor_stall_us",
                        "moved_bytes"]
+# Added to TENSORS_CSV_COLUMNS when some plan recomputes: the op whose recomputation ends an interval, the tensor's
+# recompute steps and its share of their time.
+TENSORS_CSV_RECOMPUTE = ["recomputed_by", "recomputes", "tensor_recompute_us"]
 # Moving tensors per planner in report.md; tensors.csv has them all.
 REPORT_TENSORS_TOP = 10
 
 
 def tensors_csv(views: dict[str, TensorView]) -> str:
     """One row per interval off HBM of every moving tensor, per planner (a tensor that never leaves HBM, only
-    copied or starting elsewhere, gets one row without an interval); tensor-level totals repeat on each row."""
+    copied or starting elsewhere, gets one row without an interval); tensor-level totals repeat on each row. The
+    recompute columns are there when some plan recomputes."""
     rows = []
     for planner, view in views.items():
         for m in view.moves:
@@ -229,22 +240,28 @@ def tensors_csv(views: dict[str, TensorView]) -> str:
             base = {"planner": planner, "tensor": m.name, "kind": m.kind, "layer": m.layer, "bytes": m.bytes,
                     "start_tier": m.start_tier, "intervals": len(m.intervals),
                     "tensor_freed_byte_s": d["freed_byte_s"], "tensor_stall_us": d["stall_us"],
-                    "moved_bytes": sum(m.moved_bytes.values())}
+                    "moved_bytes": sum(m.moved_bytes.values()), "recomputes": m.recomputes,
+                    "tensor_recompute_us": d["recompute_us"]}
             if not m.intervals:
                 rows.append(base)
             for j, iv in enumerate(m.intervals, start=1):
                 rows.append({**base, **iv.to_dict(), "interval": j, "freed_byte_s": iv.freed_byte_ns(m.bytes) / 1e9})
-    return to_csv(rows, TENSORS_CSV_COLUMNS)
+    redo = any(v.recomputes for v in views.values())
+    return to_csv(rows, TENSORS_CSV_COLUMNS + (TENSORS_CSV_RECOMPUTE if redo else []))
 
 
 def tensors_markdown(views: dict[str, TensorView], top: int = REPORT_TENSORS_TOP) -> str:
     """The report.md section on which tensors move and why, one subsection per planner that made a plan."""
+    redo = any(v.recomputes for v in views.values())
     lines = ["## Which tensors move, and why", "",
              f"Per planner, the {top} moving tensors (a Prefetch, Store or Detach of it in the plan, or it starts the "
              "step off HBM) that free the most HBM bytes × time, each with its longest interval off HBM: the op "
              "after which it leaves, the op before which it returns, and the compute stall its transfers cause; "
              "then what is on HBM at its peak, and totals per tensor kind (and layer). Every moving tensor and "
-             "every interval: `tensors.csv`.", ""]
+             "every interval: `tensors.csv`."
+             + (" A tensor dropped with no copy and made again by re-running its op is *recomputed*; *recompute* is "
+                "the compute time of those re-runs (a re-run that makes several tensors is split among them)."
+                if redo else ""), ""]
     for planner, view in views.items():
         caps = tensor_captions(view, top)
         lines += [f"### {planner}", ""]
@@ -337,7 +354,9 @@ def report_markdown(cmp: Comparison, table: str, sweep_parts: list[str], command
         "",
         "Every plan was run in the timeline executor. *Overhead* is the makespan over no offload with unbounded "
         "HBM; *gap vs bound* is the makespan over the makespan lower bound; *solve time* is the planner's wall "
-        "time on this machine. Greedy is at the best setting of its sweep.",
+        "time on this machine. Greedy is at the best setting of its sweep."
+        + (" *Recomputes* are recompute steps (an op re-run to make its dropped outputs again), *recompute time* "
+           "their compute time, part of the makespan." if any_recompute(cmp.rows) else ""),
         "",
         table,
         "",
@@ -378,4 +397,4 @@ def report_markdown(cmp: Comparison, table: str, sweep_parts: list[str], command
 __all__ = ["write_report", "write_sweep", "comparison_table", "tensors_csv", "tensors_markdown",
            "sweep_table", "flat_row", "to_csv", "fmt_bytes",
            "fmt_time", "fmt_pct", "fmt_share", "fmt_int", "fmt_seconds", "fmt_status", "table_columns",
-           "sweep_markdown", "longest_table"]
+           "sweep_markdown", "longest_table", "any_recompute"]
