@@ -1,9 +1,16 @@
 """The benchmark behind ``ho-plan bench``: a fixed suite of graphs and budgets, greedy against cpsat.
 
-Suite (each at 60%, 70%, 80% and 90% of the graph's no-offload HBM peak):
+Suite (each at 60%, 70%, 80% and 90% of the graph's no-offload HBM peak, unless it says otherwise):
 
 - ``paper``: the graphs in ``graphs/`` (the paper's workloads and the two hand-written examples);
-- ``checkmate``: the Checkmate / Moccasin graphs in ``../shared/graphs/checkmate`` when that folder exists;
+- ``checkmate`` (issue 13): the Checkmate / Moccasin graphs in ``../shared/graphs/checkmate`` (``CHECKMATE_GRAPHS``:
+  the seven ``*_train_nx`` CNNs and the four random layered graphs, those read with ``size_unit_bytes=1e6``) at
+  their own budgets, 0.8 and 0.9 of the no-offload peak *in the graph's own order* (``order="graph"``, the
+  budgets Moccasin uses, rather than ``none``'s default ``auto``, which may pick a lower-peaking order), on
+  ``ascend-910c``. Its planners: ``none`` once per graph with unbounded HBM (the reference whose peak sets the
+  budgets and whose makespan the overheads are against), then per budget greedy and cpsat, each joint and
+  remat-only (``NAME:offload=false``); rows carry the number of recompute steps and Moccasin's published
+  overhead (``MOCCASIN_120S``) where the issue quotes one;
 - ``generated``: repeated-transformer-layer graphs of about 1k, 5k, 10k and 20k ops (LLaMA-3-8B training,
   pipeline stage 0, with as many micro-batches as it takes; ``generated_graph``);
 - ``onnx``: the ONNX fixtures in ``tests/fixtures/onnx`` (weights free: the planner picks their tier), at
@@ -20,11 +27,14 @@ The ``scale`` suite is separate (``run_scale``): it generates the two large Deep
 the executor (steps per second, without an allocator model, with the caching allocator, and with the plan's
 static offsets).
 
+Planners are named ``NAME`` or ``NAME:KEY=VALUE[:KEY=VALUE...]`` (``greedy:offload=false``): the options are
+parsed as ``-O`` text for that planner; a planner that does not take one makes an invalid row with the reason.
+
 Per case and planner it records: ops, valid, makespan and its overhead against no offload, peak HBM, bytes moved,
 the gap against the best makespan lower bound (``planner.bounds``: "vs bound"), the planner's wall time, where
 the tensors no op produces start (bytes per kind and tier), prefill and decode latency for inference graphs
-(and the no-offload plan's), and for cpsat its solver record (model, status, windows accepted, CP-SAT's own
-bound when the model was whole).
+(and the no-offload plan's), recompute steps and their compute time, the options the plan was made with, and for
+cpsat its solver record (model, status, windows accepted, CP-SAT's own bound when the model was whole).
 """
 
 from __future__ import annotations
@@ -45,18 +55,63 @@ from planner.formats import save_graph
 from planner.graph import AUTO, Graph, Op, Tensor, TensorKind
 from planner.hardware import HBM
 from planner.placement import bytes_by_kind
+from planner.plan import StepKind
 from planner.planners import PLANNERS
 from planner.planners.greedy import plan_greedy
 from planner.planners.greedy_sweep import grid_points
-from planner.planners.none import plan_none
+from planner.planners.none import plan_none, program_none
 from planner.quality import solver_outcome
 from planner.report.paper import phase_latencies
+from planner.timeline import Timeline
 
 ROOT = Path(__file__).resolve().parents[1]
 FRACTIONS = (0.6, 0.7, 0.8, 0.9)
+PLANNERS_DEFAULT = ("greedy", "cpsat")
 GENERATED_OPS = (1000, 5000, 10000, 20000)
 # Greedy's settings sweep runs when one greedy run times the number of points fits this many seconds.
 SWEEP_BUDGET_S = 120.0
+
+# The checkmate suite (issue 13): (case name, file in ../shared/graphs/checkmate, import options). The training
+# graphs only, as in the issue and Moccasin's experiments (the *_test_nx files are forward passes, which free
+# each activation after its one use: little to rematerialize). The random graphs' sizes have no unit; read as
+# megabytes (docs/formats.md): as bytes, any link would move them within its latency, and offloading would be
+# free.
+_RANDOM_MB = {"size_unit_bytes": 1e6}
+CHECKMATE_GRAPHS: tuple[tuple[str, str, dict], ...] = (
+    ("VGG16", "VGG16_256_224_224_3_train_nx.json", {}),
+    ("VGG19", "VGG19_256_224_224_3_train_nx.json", {}),
+    ("MobileNet", "MobileNet_512_224_224_3_train_nx.json", {}),
+    ("ResNet50", "ResNet50_256_224_224_3_train_nx.json", {}),
+    ("fcn_8", "fcn_8_vgg_32_416_608_3_train_nx.json", {}),
+    ("segnet", "segnet_32_416_608_3_train_nx.json", {}),
+    ("vgg_unet", "vgg_unet_32_416_608_3_train_nx.json", {}),
+    ("random_n100", "random_layered_n100_w0.27_nlv0.75_ed0.2_scd0.14.json", _RANDOM_MB),
+    ("random_n250", "random_layered_n250_w0.43_nlv0.75_ed0.2_scd0.14.json", _RANDOM_MB),
+    ("random_n500", "random_layered_n500_w0.36_nlv0.75_ed0.2_scd0.14.json", _RANDOM_MB),
+    ("random_n1000", "random_layered_n1000_w0.31_nlv0.75_ed0.2_scd0.14.json", _RANDOM_MB),
+)
+# Moccasin's budgets: fractions of the peak of the graph's own topological order.
+CHECKMATE_FRACTIONS = (0.8, 0.9)
+# The reference row (none, once per graph, HBM unbounded), then per budget each planner joint and remat-only.
+# ``offload`` is the greedy/greedy-sweep/cpsat option of issue 13 (default true; false: the Checkmate problem).
+CHECKMATE_PLANNERS = ("none", "greedy", "greedy:offload=false", "cpsat", "cpsat:offload=false")
+
+# Moccasin (CP-SAT rematerialization) as issue 13 quotes it, measured on the same 2-core machine with a 120 s limit:
+# its overhead over the no-rematerialization compute time, by (checkmate case, budget fraction); None: it found
+# nothing within 120 s. "VGG16 0.9 +1.97%; FCN8 0.8/0.9 +0.14%/+0.03%; random n100 0.8/0.9 +2.30%/+0.79%;
+# MobileNet 0.9/0.8 +0.16%/+0.37% (55 s and 88 s); random n250 0.9 +57%, 0.8 nothing; ResNet-50 nothing within
+# 120 s; random n500 nothing." Pairs the issue does not quote have no entry.
+MOCCASIN_120S: dict[tuple[str, float], float | None] = {
+    ("VGG16", 0.9): 0.0197,
+    ("fcn_8", 0.8): 0.0014, ("fcn_8", 0.9): 0.0003,
+    ("random_n100", 0.8): 0.0230, ("random_n100", 0.9): 0.0079,
+    ("MobileNet", 0.8): 0.0037, ("MobileNet", 0.9): 0.0016,
+    ("random_n250", 0.8): None, ("random_n250", 0.9): 0.57,
+    ("ResNet50", 0.8): None, ("ResNet50", 0.9): None,
+    ("random_n500", 0.8): None, ("random_n500", 0.9): None,
+}
+# Moccasin's figures are quoted to 0.01 %: an overhead within half of that matches.
+MOCCASIN_TOLERANCE = 0.00005
 
 
 @dataclass(frozen=True)
@@ -66,6 +121,50 @@ class Case:
     load: Callable[[], Graph]
     preset: str = "ascend-910c"
     overrides: dict = field(default_factory=dict)  # planner.hardware.with_overrides keywords
+    # The suite's own budgets and planners (``--budgets`` and ``--planners`` replace them).
+    fractions: tuple[float, ...] = FRACTIONS
+    planners: tuple[str, ...] = PLANNERS_DEFAULT
+    # The order of the no-offload reference whose peak the budgets are fractions of, and of the ``none`` rows.
+    reference_order: str = "auto"
+    # Planners run once, with unbounded HBM (budget fraction None), rather than at each budget: the reference,
+    # whose peak and makespan those of the budgets are measured against.
+    once: tuple[str, ...] = ()
+    # Published results to compare with, by budget fraction (the checkmate suite: ``MOCCASIN_120S``).
+    moccasin: dict[float, float | None] = field(default_factory=dict)
+    info: dict = field(default_factory=dict)  # copied into every row (the file and its import options)
+
+
+def planner_variant(text: str) -> tuple[str, dict[str, str]]:
+    """``"greedy:offload=false"`` -> ``("greedy", {"offload": "false"})``: a planner and its options as ``-O``
+    text. ValueError when an option is not ``KEY=VALUE``."""
+    name, *parts = text.strip().split(":")
+    options = {}
+    for part in parts:
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{text!r}: {part!r} is not KEY=VALUE")
+        options[key.strip()] = value.strip()
+    return name.strip(), options
+
+
+def checkmate_cases(shared: Path) -> tuple[list[Case], list[str]]:
+    """The checkmate suite's cases from ``shared/graphs/checkmate``, and one message per graph that is not there
+    (the whole folder in one message when it is absent)."""
+    folder = shared / "graphs" / "checkmate"
+    if not folder.is_dir():
+        return [], [f"checkmate: {folder} is not here (the Checkmate / Moccasin graphs live in ../shared)"]
+    cases, missing = [], []
+    for name, file, options in CHECKMATE_GRAPHS:
+        path = folder / file
+        if not path.is_file():
+            missing.append(f"checkmate: {path} is not here; {name} skipped")
+            continue
+        cases.append(Case(
+            name, "checkmate", lambda p=path, o=options: api.load_graph(p, **o), fractions=CHECKMATE_FRACTIONS,
+            planners=CHECKMATE_PLANNERS, reference_order="graph", once=("none",),
+            moccasin={f: v for (g, f), v in MOCCASIN_120S.items() if g == name},
+            info={"file": file, "import_options": dict(options)}))
+    return cases, missing
 
 
 def generated_graph(ops: int) -> Graph:
@@ -178,7 +277,8 @@ def fullsize_graph(workload: str = "deepseek-v3-nsa-64k") -> Graph:
 def suite(names: Iterable[str] = ("paper", "checkmate", "generated"), quick: bool = False,
           only: Iterable[str] = (), shared: Path | None = None) -> list[Case]:
     """The benchmark's cases. ``quick``: two small paper graphs and the 1k generated graph. ``only``: keep the
-    cases whose graph name contains one of these strings."""
+    cases whose graph name contains one of these strings. Checkmate graphs that are not in ``shared`` are left out
+    (``checkmate_cases`` says which)."""
     shared = shared if shared is not None else ROOT.parent / "shared"
     cases: list[Case] = []
     names = set(names)
@@ -186,10 +286,8 @@ def suite(names: Iterable[str] = ("paper", "checkmate", "generated"), quick: boo
         for path in sorted((ROOT / "graphs").glob("*.json")):
             preset = "cloudmatrix384" if "remote_weights" in path.name else "ascend-910c"
             cases.append(Case(path.stem, "paper", lambda p=path: api.load_graph(p), preset))
-    ck = shared / "graphs" / "checkmate"
-    if "checkmate" in names and ck.is_dir():
-        for path in sorted(ck.glob("*.json")):
-            cases.append(Case(path.stem, "checkmate", lambda p=path: api.load_graph(p)))
+    if "checkmate" in names:
+        cases += checkmate_cases(shared)[0]
     if "generated" in names:
         for n in GENERATED_OPS:
             cases.append(Case(f"generated-{n // 1000}k", "generated", lambda n=n: generated_graph(n)))
@@ -219,12 +317,26 @@ def _sweep_affordable(graph: Graph, hw) -> bool:
     return single * points * 0.7 <= SWEEP_BUDGET_S
 
 
-def run_case(case: Case, fractions=FRACTIONS, planners=("greedy", "cpsat"), time_limit: float = 60.0,
-             seed: int = 0, workers: int = 2, progress: Callable[[dict], None] | None = None) -> list[dict]:
-    """Every planner at every budget of one case: one row each."""
+def no_offload_reference(graph: Graph, preset: str, overrides: dict, order: str = "auto") -> Timeline:
+    """The no-offload timeline with unbounded HBM in ``order``: ``api.no_offload_reference`` for ``auto`` (the
+    order ``none`` picks), else ``none``'s program in that order (the checkmate suite: the graph's own)."""
+    if order == "auto":
+        return api.no_offload_reference(graph, api.hardware(preset, **overrides))
+    big = api.hardware(preset, **{**overrides, "hbm": "1PB"})
+    return simulate(graph, big, program_none(graph, big, order))
+
+
+def run_case(case: Case, fractions: Iterable[float] | None = None, planners: Iterable[str] | None = None,
+             time_limit: float = 60.0, seed: int = 0, workers: int = 2,
+             progress: Callable[[dict], None] | None = None) -> list[dict]:
+    """Every planner at every budget of one case: one row each. ``fractions``, ``planners``: the case's own when
+    None; planners as ``planner_variant`` reads them. Planners in ``case.once`` run once, with unbounded HBM (their
+    rows' ``budget_fraction`` and ``budget_bytes`` are None): at the peak itself the caching allocator's
+    fragmentation could slow ``none`` down, and the reference is the no-offload plan as such."""
+    fractions = tuple(fractions) if fractions is not None else case.fractions
+    planners = tuple(planners) if planners is not None else case.planners
     graph = case.load()
-    base_hw = api.hardware(case.preset, **case.overrides)
-    ref = api.no_offload_reference(graph, base_hw)
+    ref = no_offload_reference(graph, case.preset, case.overrides, case.reference_order)
     peak = ref.metrics.peak_bytes[HBM]
     # Inference graphs: prefill and decode latency, against the no-offload plan's.
     gen = graph.metadata.get("generator", "")
@@ -232,35 +344,54 @@ def run_case(case: Case, fractions=FRACTIONS, planners=("greedy", "cpsat"), time
     ref_phases = phase_latencies(plan_none(graph, api.hardware(case.preset, **{**case.overrides, "hbm": "1PB"})),
                                  ref, decode_steps) \
         if gen.endswith("long_context_inference") else None
+    once = [p for p in planners if planner_variant(p)[0] in case.once]
+    budgets: list[tuple[float | None, list[str]]] = [(None, once)] if once else []
+    budgets += [(f, [p for p in planners if p not in once]) for f in fractions]
+    minimum, _ = bounds.largest_working_set(graph)
     rows = []
-    for frac in fractions:
-        hw = api.hardware(case.preset, **{**case.overrides, "hbm": str(int(peak * frac))})
+    for frac, variants in budgets:
+        if not variants:
+            continue
+        hbm = "1PB" if frac is None else str(int(peak * frac))
+        hw = api.hardware(case.preset, **{**case.overrides, "hbm": hbm})
         try:
             lb = bounds.makespan_bound(graph, hw)
         except Exception:  # noqa: BLE001
             lb = bounds.compute_bound(graph, hw)
-        minimum, _ = bounds.largest_working_set(graph)
-        for name in planners:
+        affordable: bool | None = None  # whether greedy's sweep fits SWEEP_BUDGET_S at this budget, asked once
+        for variant in variants:
+            name, text = planner_variant(variant)
             row = {"graph": case.name, "suite": case.suite, "hardware": case.preset, "ops": len(graph.ops),
-                   "budget_fraction": frac,
-                   "budget_bytes": hw.hbm_bytes, "planner": name, "no_offload_makespan_us": ref.metrics.makespan_ns
-                   / 1000, "no_offload_peak_bytes": peak, "bound_us": lb.value / 1000, "bound_reason": lb.reason}
+                   "budget_fraction": frac, "budget_bytes": None if frac is None else hw.hbm_bytes,
+                   "planner": variant, "no_offload_makespan_us": ref.metrics.makespan_ns / 1000,
+                   "no_offload_peak_bytes": peak, "no_offload_order": case.reference_order,
+                   "bound_us": lb.value / 1000, "bound_reason": lb.reason, **case.info}
+            if frac in case.moccasin:
+                row["moccasin_overhead"] = case.moccasin[frac]
             if progress:
-                progress({"case": case.name, "fraction": frac, "planner": name})
+                progress({"case": case.name, "fraction": frac, "planner": variant})
             if hw.hbm_bytes < minimum:
                 row.update(valid=False, note="budget below the largest single-op working set")
                 rows.append(row)
                 continue
-            options = {}
+            options: dict = {}
             label = name
-            if name == "greedy" and _sweep_affordable(graph, hw):
-                label = "greedy-sweep"
+            if name == "greedy":
+                if affordable is None:
+                    affordable = _sweep_affordable(graph, hw)
+                label = "greedy-sweep" if affordable else "greedy"
             if name == "cpsat":
                 options = {"time_limit": time_limit, "seed": seed, "workers": workers}
             if name == "exact":
                 options = {"time_limit": time_limit}
+            if name == "none":
+                options = {"order": case.reference_order}
             t = time.monotonic()
             try:
+                # The variant's options (text, as -O takes them) for the planner that runs: a planner that does not
+                # take one (cpsat:offload=false before issue 13's options exist) is an invalid row saying so.
+                options.update(api.parse_planner_options(label, text, item=f"--planners {name}"))
+                row["planner_options"] = {k: v for k, v in options.items() if isinstance(v, (bool, int, float, str))}
                 plan = PLANNERS[label](graph, hw, **options)
             except Exception as exc:  # noqa: BLE001 - a failing planner is a row, not a crash
                 row.update(valid=False, note=f"{type(exc).__name__}: {exc}", solve_time_s=time.monotonic() - t)
@@ -275,10 +406,18 @@ def run_case(case: Case, fractions=FRACTIONS, planners=("greedy", "cpsat"), time
                 peak_hbm_bytes=m.peak_bytes[HBM], bytes_moved=sum(m.bytes_moved.values()),
                 gap_vs_bound=bounds.gap(m.makespan_ns, lb.value) if tl.valid else None,
                 solve_time_s=round(solve_s, 3), defrag_events=m.defrag_events,
+                recompute_steps=sum(1 for st in plan.steps if st.kind is StepKind.RECOMPUTE),
+                recompute_us=m.recompute_ns / 1000,
                 start_placement=bytes_by_kind(graph, plan.placement),
-                # What the planner chose (greedy-sweep: the winning settings and order), to learn which points win.
-                plan_options={k: v for k, v in plan.options.items() if isinstance(v, (bool, int, float, str))},
+                # What the plan was made with: the options given (as api.plan records them), and what the planner
+                # chose (greedy-sweep: the winning settings and order), to learn which points win.
+                plan_options={k: v for k, v in {**options, **plan.options}.items()
+                              if isinstance(v, (bool, int, float, str))},
             )
+            if not tl.valid:
+                # Why there is no valid plan, for the summary: the planner's own word (an infeasible status says
+                # it), else the executor's first violation.
+                row["note"] = "; ".join(plan.notes) or f"{str(plan.status)}: {tl.violations[0].describe()}"
             if ref_phases is not None:
                 row["no_offload_phases_us"] = ref_phases
                 row["phases_us"] = phase_latencies(plan, tl, decode_steps)
@@ -292,6 +431,38 @@ def run_case(case: Case, fractions=FRACTIONS, planners=("greedy", "cpsat"), time
                 row["notes"] = list(plan.notes)
             rows.append(row)
     return rows
+
+
+def _median(values: list[float]) -> float:
+    v = sorted(values)
+    mid = len(v) // 2
+    return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
+
+
+def moccasin_match(row: dict) -> bool | None:
+    """Whether a row with a Moccasin figure matches or beats it (a valid plan no slower, within the figure's
+    rounding; any valid plan where Moccasin found none); None when the row has no figure."""
+    if "moccasin_overhead" not in row:
+        return None
+    if not row.get("valid"):
+        return False
+    ref = row["moccasin_overhead"]
+    return ref is None or row["overhead"] <= ref + MOCCASIN_TOLERANCE
+
+
+def planner_summary(rows: list[dict]) -> list[dict]:
+    """Per planner (as named in ``--planners``, variant included), in order of appearance: rows, valid plans, the
+    median and largest overhead of the valid ones, and of the rows with a Moccasin figure how many match or beat
+    it."""
+    out = []
+    for name in dict.fromkeys(r["planner"] for r in rows):
+        mine = [r for r in rows if r["planner"] == name]
+        over = [r["overhead"] for r in mine if r.get("valid")]
+        matches = [m for m in (moccasin_match(r) for r in mine) if m is not None]
+        out.append({"planner": name, "rows": len(mine), "valid": len(over),
+                    "median_overhead": _median(over) if over else None, "max_overhead": max(over, default=None),
+                    "moccasin_rows": len(matches), "moccasin_match_or_beat": sum(matches)})
+    return out
 
 
 def compare(rows: list[dict]) -> list[dict]:
@@ -370,5 +541,7 @@ def run_scale(workdir: Path, hbm: str = SCALE_HBM, layers: int | None = None, re
     return rows
 
 
-__all__ = ["Case", "FRACTIONS", "SCALE_GRAPHS", "SCALE_HBM", "suite", "run_case", "run_scale", "generated_graph",
-           "compare", "small_graphs", "true_gaps"]
+__all__ = ["Case", "CHECKMATE_FRACTIONS", "CHECKMATE_GRAPHS", "CHECKMATE_PLANNERS", "FRACTIONS", "MOCCASIN_120S",
+           "SCALE_GRAPHS", "SCALE_HBM", "checkmate_cases", "compare", "generated_graph", "moccasin_match",
+           "no_offload_reference", "planner_summary", "planner_variant", "run_case", "run_scale", "small_graphs",
+           "suite", "true_gaps"]

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from planner import bench
+from planner import api, bench
 from planner.cli.main import command_line, main, run_guarded
 from planner.errors import InputError
 from planner.fileio import write_atomic
@@ -34,20 +34,27 @@ Examples:
   ho-plan bench --only deepseek --budgets 0.6,0.9 --time-limit 60 -o ds.json
   ho-plan bench --suite generated --only 10k --budgets 0.7
   ho-plan bench --suite scale -o scale.json            # greedy and executor speed on the 29k/39k-op graphs
+  ho-plan bench --suite checkmate --markdown checkmate.md   # remat-only and joint against Moccasin (issue 13)
+  ho-plan bench --suite checkmate --only VGG16 --planners none,greedy --time-limit 10
 """
 
 
 @main.command("bench", epilog=BENCH_EXAMPLES)
 @click.option("--suite", "suites", default="paper,checkmate,generated", show_default=True,
-              help="Comma-separated: paper (graphs/), checkmate (../shared/graphs/checkmate), generated, onnx "
+              help="Comma-separated: paper (graphs/), checkmate (../shared/graphs/checkmate: the 7 CNN training "
+                   "graphs and 4 random graphs at 0.8 and 0.9 of the peak in the graph's order, none once, then "
+                   "greedy and cpsat joint and offload=false, against Moccasin), generated, onnx "
                    "(tests/fixtures/onnx), small (up to 12 ops, with --planners ...,exact), fullsize "
                    "(DeepSeek-V3 + NSA 64k, 61 layers, on two presets: slow); or "
                    "scale (greedy and executor speed on the DeepSeek-V3 + NSA 64k and 128k graphs, see --scale-*).")
 @click.option("--quick", is_flag=True, help="Only transformer_block, DeepSeek-V3+NSA 64k and the 1k generated graph.")
 @click.option("--only", "only", multiple=True, help="Keep the graphs whose name contains this (repeatable).")
-@click.option("--budgets", default="0.6,0.7,0.8,0.9", show_default=True,
-              help="Budgets as fractions of the no-offload peak.")
-@click.option("--planners", default="greedy,cpsat", show_default=True, help="Planners to run.")
+@click.option("--budgets", default=None,
+              help="Budgets as fractions of the no-offload peak [default: 0.6,0.7,0.8,0.9; checkmate: 0.8,0.9].")
+@click.option("--planners", default=None,
+              help="Planners to run, each NAME or NAME:KEY=VALUE[:KEY=VALUE] (its -O options, e.g. "
+                   "greedy:offload=false) [default: greedy,cpsat; checkmate: "
+                   f"{','.join(bench.CHECKMATE_PLANNERS)}].")
 @click.option("--time-limit", type=float, default=60.0, show_default=True, help="cpsat's limit per case (s).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--workers", type=int, default=2, show_default=True)
@@ -70,26 +77,24 @@ def bench_cmd(suites, quick, only, budgets, planners, time_limit, seed, workers,
             _scale(bench, scale_hbm or bench.SCALE_HBM, scale_layers, repeats, output, markdown)
             return
 
-        try:
-            fractions = tuple(float(x) for x in budgets.split(",") if x.strip())
-        except ValueError:
-            raise InputError("command line", "--budgets", f"{budgets!r} is not a list of fractions") from None
-        if not fractions or any(not 0 < f <= 2 for f in fractions):
-            raise InputError("command line", "--budgets", "fractions must be in (0, 2]")
-        names = tuple(x.strip() for x in planners.split(",") if x.strip())
-
-        for n in names:
-            get_spec(n, "--planners")
-        cases = bench.suite([s.strip() for s in suites.split(",")], quick=quick, only=only)
+        fractions = _fractions(budgets) if budgets is not None else None
+        names = _planners(planners) if planners is not None else None
+        err = Console(stderr=True)
+        if "checkmate" in names_given and not quick:  # --quick has no checkmate graph
+            found, missing = bench.checkmate_cases(bench.ROOT.parent / "shared")
+            if not found and names_given == ["checkmate"]:
+                raise InputError("command line", "--suite", "; ".join(missing))
+            for line in missing:
+                err.print(f"[yellow]skipped:[/] {escape(line)}", highlight=False)
+        cases = bench.suite(names_given, quick=quick, only=only)
         if not cases:
             raise InputError("command line", "--only", "no benchmark case matches")
-        err = Console(stderr=True)
         rows: list[dict] = []
         t0 = time.monotonic()
         for case in cases:
             def progress(d, case=case):
-                err.print(f"[dim]{time.monotonic() - t0:7.1f} s[/] {d['case']} at {d['fraction']:.0%}: "
-                          f"{d['planner']}", highlight=False)
+                err.print(f"[dim]{time.monotonic() - t0:7.1f} s[/] {d['case']} at {_budget(d['fraction'])}: "
+                          f"{escape(d['planner'])}", highlight=False)
 
             rows.extend(bench.run_case(case, fractions, names, time_limit, seed, workers, progress))
             if output:
@@ -98,7 +103,7 @@ def bench_cmd(suites, quick, only, budgets, planners, time_limit, seed, workers,
         for r in rows:
             if r.get("valid") and r.get("phases_us"):
                 ph, ref = r["phases_us"], r["no_offload_phases_us"]
-                summary.append(f"{_graph_cell(r)} at {r['budget_fraction']:.0%}, {r.get('planner_run', r['planner'])}: "
+                summary.append(f"{_graph_cell(r)} at {_budget(r['budget_fraction'])}, {_planner_cell(r)}: "
                            f"prefill {ph['prefill_us'] / 1000:.1f} ms (no offload {ref['prefill_us'] / 1000:.1f}), "
                            f"decode {ph['decode_us_per_step'] / 1000:.2f} ms/step "
                            f"(no offload {ref['decode_us_per_step'] / 1000:.2f}); weights start "
@@ -117,10 +122,56 @@ def bench_cmd(suites, quick, only, budgets, planners, time_limit, seed, workers,
             worse = sum(1 for c in cmp if c["change"] > 1e-9)
             summary.append(f"cpsat vs greedy: faster on {better}, slower on {worse}, "
                            f"equal on {len(cmp) - better - worse} of {len(cmp)} cases")
+        if any(r["suite"] == "checkmate" for r in rows):
+            summary += _checkmate_summary([r for r in rows if r["suite"] == "checkmate"])
         headers, cells = _cells(rows)
         _show("ho-plan bench", headers, cells, summary, markdown)
 
     run_guarded(go)
+
+
+def _fractions(text: str) -> tuple[float, ...]:
+    try:
+        fractions = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise InputError("command line", "--budgets", f"{text!r} is not a list of fractions") from None
+    if not fractions or any(not 0 < f <= 2 for f in fractions):
+        raise InputError("command line", "--budgets", "fractions must be in (0, 2]")
+    return fractions
+
+
+def _planners(text: str) -> tuple[str, ...]:
+    """The planners the user named, checked before anything runs: a known planner, options it takes (a typo is
+    bad input here; the suites' own defaults are not checked, so that an option a planner does not take yet
+    costs only its rows)."""
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not names:
+        raise InputError("command line", "--planners", "no planner named")
+    for n in names:
+        try:
+            name, options = bench.planner_variant(n)
+        except ValueError as exc:
+            raise InputError("command line", "--planners", str(exc)) from None
+        get_spec(name, "--planners")
+        api.parse_planner_options(name, options, item=f"--planners {name}")
+    return names
+
+
+def _checkmate_summary(rows: list[dict]) -> list[str]:
+    """Per planner: valid plans, median and largest overhead, and how often it matches or beats Moccasin."""
+    out = ["checkmate (overhead against no offload in the graph's order; Moccasin: CP-SAT remat, 120 s, 2 cores):"]
+    for s in bench.planner_summary(rows):
+        line = f"  {s['planner']}: valid {s['valid']} of {s['rows']}"
+        if s["valid"]:
+            line += f", overhead median {s['median_overhead']:+.2%}, max {s['max_overhead']:+.2%}"
+        if s["moccasin_rows"]:
+            line += f"; matches or beats Moccasin on {s['moccasin_match_or_beat']} of {s['moccasin_rows']}"
+        out.append(line)
+    for r in rows:
+        if not r.get("valid") and r.get("note"):
+            note = r["note"] if len(r["note"]) <= 200 else r["note"][:197] + "..."  # the whole note is in -o's rows
+            out.append(f"  no valid plan: {r['graph']} at {_budget(r['budget_fraction'])}, {r['planner']}: {note}")
+    return out
 
 
 def _show(title: str, headers: list[str], cells: list[list[str]], summary: list[str], markdown: str | None) -> None:
@@ -177,20 +228,48 @@ def _scale(bench, hbm: str, layers: int | None, repeats: int, output: str | None
 
 
 def _cells(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
-    """(headers, one row of text per bench row)."""
+    """(headers, one row of text per bench row). Checkmate rows add the lower bound, the recompute steps and
+    Moccasin's overhead."""
+    checkmate = any(r["suite"] == "checkmate" for r in rows)
     headers = ["graph", "ops", "budget", "planner", "makespan", "overhead", "peak HBM", "moved", "gap vs bound",
                "time"]
+    if checkmate:
+        headers[8:8] = ["recomputes", "bound"]
+        headers.append("Moccasin 120 s")
     cells = []
     for r in rows:
-        head = [_graph_cell(r), str(r["ops"]), f"{r['budget_fraction']:.0%}", r.get("planner_run", r["planner"])]
+        head = [_graph_cell(r), str(r["ops"]), _budget(r["budget_fraction"]), _planner_cell(r)]
         if not r.get("valid"):
-            cells.append(head + ["invalid", "", "", "", "", f"{r.get('solve_time_s', 0):.1f} s"])
-            continue
-        gap = r.get("gap_vs_bound")
-        cells.append(head + [f"{r['makespan_us'] / 1000:.2f} ms", f"{r['overhead']:+.1%}",
-                             format_bytes(r["peak_hbm_bytes"]), format_bytes(r["bytes_moved"]),
-                             "" if gap is None else f"{gap:.1%}", f"{r['solve_time_s']:.1f} s"])
+            body = ["invalid", "", "", "", "", f"{r.get('solve_time_s') or 0:.1f} s"]
+            extra = ["", f"{r['bound_us'] / 1000:.2f} ms"]
+        else:
+            gap = r.get("gap_vs_bound")
+            body = [f"{r['makespan_us'] / 1000:.2f} ms", f"{r['overhead']:+.1%}", format_bytes(r["peak_hbm_bytes"]),
+                    format_bytes(r["bytes_moved"]), "" if gap is None else f"{gap:.1%}", f"{r['solve_time_s']:.1f} s"]
+            extra = [str(r.get("recompute_steps", 0)), f"{r['bound_us'] / 1000:.2f} ms"]
+        if checkmate:
+            body[4:4] = extra
+            body.append(_moccasin_cell(r))
+        cells.append(head + body)
     return headers, cells
+
+
+def _budget(fraction: float | None) -> str:
+    return "no limit" if fraction is None else f"{fraction:.0%}"
+
+
+def _planner_cell(r: dict) -> str:
+    """The planner that ran (greedy-sweep for greedy when its sweep is affordable) and the options named with it
+    (``greedy:offload=false`` shows as ``greedy-sweep offload=false``)."""
+    _, options = bench.planner_variant(r["planner"])
+    return " ".join([r.get("planner_run", r["planner"].split(":")[0]), *(f"{k}={v}" for k, v in options.items())])
+
+
+def _moccasin_cell(r: dict) -> str:
+    if "moccasin_overhead" not in r:
+        return ""
+    ref = r["moccasin_overhead"]
+    return "nothing" if ref is None else f"{ref:+.2%}"
 
 
 def _graph_cell(r: dict) -> str:
