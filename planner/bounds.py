@@ -111,8 +111,9 @@ def _bitsets(graph: Graph):
     return anc, desc, as_array
 
 
-def makespan_bounds(graph: Graph, hw: Hardware) -> list[Bound]:
-    """Makespan lower bounds that hold for every plan on ``hw`` at its HBM budget (``hw.hbm_bytes``):
+def makespan_bounds(graph: Graph, hw: Hardware, recompute: bool = True) -> list[Bound]:
+    """Makespan lower bounds that hold for every plan on ``hw`` at its HBM budget (``hw.hbm_bytes``), plans with
+    recompute steps included (``recompute=False``: for plans without them, which may be larger):
 
     - total compute time (one compute stream);
     - the first fetch of every tensor pinned to a remote tier and read: the fetch links carry those bytes, and
@@ -125,7 +126,11 @@ def makespan_bounds(graph: Graph, hw: Hardware) -> list[Bound]:
       copy must have been stored first, over the store links from time 0; the tensors that start remote and are
       read by ``o`` or its ancestors must have been fetched. So ``o`` starts no earlier than the largest of its
       ancestors' compute, the store time and the fetch time, and the step ends no earlier than that plus ``o``'s
-      compute and its descendants'.
+      compute and its descendants'. With recomputation, a tensor an op made (a recomputable one) may also be off
+      HBM with no Store: dropped, then made again by a re-run after ``o`` ends (it is off HBM while ``o`` starts,
+      and the compute stream runs one thing at a time), which adds the re-run to the compute after ``o``. The
+      bound takes the cheapest split of the excess between Stores and drops: re-runs in a fractional knapsack
+      (each producer's duration covers the bytes of its outputs), which only lowers the true cost.
     """
     durations = op_durations_ns(graph, hw)
     out = [compute_bound(graph, hw)]
@@ -174,6 +179,9 @@ def makespan_bounds(graph: Graph, hw: Hardware) -> list[Bound]:
             upd_t.append(tidx[t])
             upd_o.append(index[op.name])
     user_t, user_o = np.array(user_t, dtype=np.int64), np.array(user_o, dtype=np.int64)
+    # The producer of each tensor a re-run may make again (-1: none).
+    remade_by = np.array([index[graph.producer[t]] if recompute and t in graph.producer
+                          and graph.ops[index[graph.producer[t]]].recomputable else -1 for t in names])
     upd_t, upd_o = np.array(upd_t, dtype=np.int64), np.array(upd_o, dtype=np.int64)
     cands = range(n)
     if n > BOUND_SAMPLE:
@@ -205,8 +213,8 @@ def makespan_bounds(graph: Graph, hw: Hardware) -> list[Bound]:
                 modified[upd_t[a[upd_o]]] = True
             # Off HBM for free: tensors that start remote, unmodified before o (never fetched, or dropped).
             free = alive & ~ws & may_be_remote & ~modified
-            excess_store = excess - float(size[free].sum())
-            store_ns = max(0.0, excess_store) / store_rate * 1e9
+            excess_store = max(0.0, excess - float(size[free].sum()))
+            store_ns = excess_store / store_rate * 1e9
         fetch_ns = 0.0
         if fetch_rate > 0:
             before = a.copy()
@@ -216,18 +224,61 @@ def makespan_bounds(graph: Graph, hw: Hardware) -> list[Bound]:
                 need[user_t[before[user_o]]] = True
             fetch_ns = (float(size[need & remote].sum())
                         + max(0.0, float(size[need & free].sum()) - room)) / fetch_rate * 1e9
-        start = max(float(dur[a].sum()), store_ns, fetch_ns)
-        value = start + float(dur[o]) + float(dur[d].sum())
+        anc_ns = float(dur[a].sum())
+        start = max(anc_ns, store_ns, fetch_ns)
+        redo_ns = 0.0
+        if store_ns > max(anc_ns, fetch_ns) and recompute:
+            droppable = alive & ~ws & (remade_by >= 0)
+            if droppable.any():
+                start, redo_ns = _cheapest_split(excess_store, store_rate, max(anc_ns, fetch_ns), remade_by[droppable],
+                                                 size[droppable], dur)
+        value = start + redo_ns + float(dur[o]) + float(dur[d].sum())
         if value > best:
             best, best_op = value, op.name
     if best_op is not None:
         out.append(Bound("makespan_ns", float(best),
                          f"op {best_op!r}: its ancestors' compute, or the stores and fetches the HBM budget forces "
-                         "before it, then its own and its descendants' compute"))
+                         "before it" + (" (or drops, then re-runs after it)" if recompute else "")
+                         + ", then its own and its descendants' compute"))
     back = store_back_bound(graph, hw, anc, as_array, dur)
     if back is not None:
         out.append(back)
     return out
+
+
+def _cheapest_split(excess: float, store_rate: float, floor_ns: float, producers: np.ndarray, sizes: np.ndarray,
+                    dur: np.ndarray) -> tuple[float, float]:
+    """(start, re-run ns) minimising ``max(floor, store time of what is not dropped) + re-run time of what is``:
+    ``excess`` bytes must be off HBM, each byte either stored (``store_rate`` bytes/s) or dropped and re-made by
+    its producer (a re-run of its duration makes all its listed outputs; fractions allowed). The total is convex
+    and piecewise linear in the bytes dropped: its minimum is at a breakpoint of the re-run cost or where the
+    store time meets the floor."""
+    covered: dict[int, float] = {}
+    for prod, b in zip(producers.tolist(), sizes.tolist()):
+        covered[prod] = covered.get(prod, 0.0) + b
+    # Cheapest re-run per byte first.
+    items = sorted(((float(dur[k]) / b, b) for k, b in covered.items() if b > 0), key=lambda x: x[0])
+    per_ns = 1e9 / store_rate
+
+    def total(drop: float) -> tuple[float, float]:
+        redo, left = 0.0, drop
+        for cost, b in items:
+            take = min(b, left)
+            redo += take * cost
+            left -= take
+            if left <= 0:
+                break
+        return max(floor_ns, (excess - drop) * per_ns), redo
+
+    top = min(excess, sum(b for _c, b in items))
+    points = {0.0, top, min(top, max(0.0, excess - floor_ns / per_ns))}
+    acc = 0.0
+    for _c, b in items:
+        acc += b
+        if acc >= top:
+            break
+        points.add(acc)
+    return min((total(x) for x in points), key=lambda sr: sr[0] + sr[1])
 
 
 def store_back_bound(graph: Graph, hw: Hardware, anc, as_array, dur) -> Bound | None:
@@ -264,9 +315,9 @@ def store_back_bound(graph: Graph, hw: Hardware, anc, as_array, dur) -> Bound | 
                                       "on its store link, no earlier than that update's ancestors' compute")
 
 
-def makespan_bound(graph: Graph, hw: Hardware) -> Bound:
-    """The largest of ``makespan_bounds``."""
-    return max(makespan_bounds(graph, hw), key=lambda b: b.value)
+def makespan_bound(graph: Graph, hw: Hardware, recompute: bool = True) -> Bound:
+    """The largest of ``makespan_bounds`` (for every plan; ``recompute=False``: for plans without recompute steps)."""
+    return max(makespan_bounds(graph, hw, recompute), key=lambda b: b.value)
 
 
 def order_transfer_bound(graph: Graph, hw: Hardware, order: list[str] | None = None) -> Bound:

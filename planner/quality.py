@@ -18,7 +18,7 @@ from enum import Enum
 from planner.bounds import gap, makespan_bound
 from planner.graph import Graph
 from planner.hardware import Hardware
-from planner.plan import Plan, PlanStatus
+from planner.plan import Plan, PlanStatus, StepKind
 from planner.timeline import Timeline
 
 # Why cpsat's search stopped (``Plan.stats["cpsat"]["stop"]``), and how the summary and report say it.
@@ -200,6 +200,12 @@ def proof(plan: Plan) -> Proof:
     return Proof.HEURISTIC
 
 
+def may_recompute(plan: Plan) -> bool:
+    """Whether the plan belongs to the plans that may recompute (its bound must allow for re-runs): it has recompute
+    steps, or its planner was free to add them (planners that can record ``recompute`` in their options)."""
+    return plan.count(StepKind.RECOMPUTE) > 0 or plan.options.get("recompute") is True
+
+
 def plan_quality(graph: Graph, hw: Hardware, plan: Plan, timeline: Timeline) -> Quality:
     """Return the plan's Quality (no gap for a plan the executor rejects). The bound is the one cpsat computed
     already when it ran, else ``planner.bounds.makespan_bound`` (seconds on 30k-op graphs)."""
@@ -207,11 +213,11 @@ def plan_quality(graph: Graph, hw: Hardware, plan: Plan, timeline: Timeline) -> 
     if isinstance(cp, dict) and cp.get("bound_us") is not None:
         value, reason = float(cp["bound_us"]) * 1000, str(cp["bound_reason"])
     else:
-        b = makespan_bound(graph, hw)
+        b = makespan_bound(graph, hw, recompute=may_recompute(plan))
         value, reason = float(b.value), b.reason
     measured = gap(timeline.metrics.makespan_ns, value) if timeline.valid else None
     return Quality(value, reason, measured, proof(plan), solver_outcome(plan))
 
 
-__all__ = ["STOP_REASONS", "Proof", "Quality", "SolveStatus", "SolverOutcome", "plan_quality", "proof",
+__all__ = ["STOP_REASONS", "Proof", "Quality", "SolveStatus", "SolverOutcome", "may_recompute", "plan_quality", "proof",
            "solver_outcome"]

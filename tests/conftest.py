@@ -42,6 +42,23 @@ def chain_graph(sizes=(100, 100, 100), durations_us=(1.0, 1.0, 1.0), weight_home
     return Graph.build("chain", tensors, ops)
 
 
+def fwd_bwd(n: int = 6, size: int = 100, fdur_us: float = 1.0, bdur_us: float = 2.0) -> Graph:
+    """A training chain: forward f_i: a_{i-1} -> a_i, a loss, then backward b_i: (g_{i+1}, a_{i-1}) -> g_i. Every
+    activation a_i waits from its forward use to its backward use, the classic case for offload and recompute."""
+    us = 1e-6
+    tensors = [Tensor("a0", size, TensorKind.INPUT)]
+    ops = []
+    for i in range(1, n + 1):
+        tensors.append(Tensor(f"a{i}", size))
+        ops.append(Op(f"f{i}", "F", (f"a{i - 1}",), (f"a{i}",), duration_s=fdur_us * us))
+    tensors.append(Tensor(f"g{n + 1}", size))
+    ops.append(Op("loss", "L", (f"a{n}",), (f"g{n + 1}",), duration_s=fdur_us * us))
+    for i in range(n, 0, -1):
+        tensors.append(Tensor(f"g{i}", size, TensorKind.OUTPUT if i == 1 else TensorKind.ACTIVATION))
+        ops.append(Op(f"b{i}", "B", (f"g{i + 1}", f"a{i - 1}"), (f"g{i}",), duration_s=bdur_us * us))
+    return Graph.build("fwd_bwd", tensors, ops)
+
+
 @pytest.fixture
 def hw() -> Hardware:
     return simple_hardware()

@@ -14,6 +14,7 @@ from planner.bounds import initial_hbm_bytes, largest_working_set, makespan_boun
 from planner.executor import simulate
 from planner.graph import AUTO, Graph, Op, Tensor, TensorKind
 from planner.hardware import HBM, Hardware, Link, Tier
+from planner.plan import StepKind
 from planner.planners.greedy import plan_greedy
 from planner.planners.none import plan_none
 from planner.planners.reactive import plan_reactive
@@ -178,3 +179,32 @@ def test_cpsat_plans_with_random_pins_and_free_homes_restore_the_placement(g, fr
     else:
         # cpsat falls back to its best starting plan; it may only fail where greedy and reactive fail too.
         assert not simulate(g, hw, plan_greedy(g, hw)).valid and not simulate(g, hw, plan_reactive(g, hw)).valid
+
+
+@SMALL_PROPERTY
+@given(graphs(max_ops=8), st.floats(0.4, 1.0), st.sampled_from([1e6, 1e9]))
+def test_bounds_hold_for_plans_that_recompute(g, fraction, bandwidth):
+    # Remat-only and joint plans may trade link time for compute: the bounds allowing re-runs hold for them, and
+    # never exceed the bounds for plans without re-runs.
+    from planner.planners.cpsat import plan_cpsat
+
+    hw = at_fraction(g, fraction)
+    if hw is None:
+        return
+    hw = replace(hw, links=tuple(replace(ln, bandwidth_Bps=bandwidth) for ln in hw.links))
+    with_rc = makespan_bounds(g, hw, recompute=True)
+    without = {b.reason.split(":")[0]: b.value for b in makespan_bounds(g, hw, recompute=False)}
+    for b in with_rc:
+        assert b.value <= without.get(b.reason.split(":")[0], float("inf")) + 1e-6, b.reason
+    plans = [plan_greedy(g, hw, offload=False), plan_greedy(g, hw),
+             plan_cpsat(g, hw, time_limit=2, workers=1, offload=False)]
+    for plan in plans:
+        tl = simulate(g, hw, plan)
+        if not tl.valid:
+            continue
+        for b in with_rc:
+            assert b.value <= tl.metrics.makespan_ns + 1e-6, (plan.planner, plan.options, b.reason)
+        # A re-run's cost is on the compute stream: the ops' compute plus the re-runs'.
+        ops_ns = simulate(g, hw, plan_none(g, hw)).metrics.compute_ns
+        assert tl.metrics.compute_ns == ops_ns + tl.metrics.recompute_ns
+        assert (tl.metrics.recompute_ns > 0) == (plan.count(StepKind.RECOMPUTE) > 0)

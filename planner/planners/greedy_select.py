@@ -22,12 +22,24 @@ whose tier the planner chooses has a *wrap-around gap*: from its last use in one
 next, i.e. a head part (off HBM until its first use: it starts remote, nothing to store) and a tail part (off HBM
 after its last use: stored back when updated). The two parts are one candidate, selected together; selecting it
 places the tensor on the fastest remote tier, leaving it places it on HBM.
+
+A mid gap of a tensor made by a recomputable op with a single output has a second answer besides offloading: a
+*recompute* gap. The tensor is dropped after the use before the gap (a Detach, nothing stored) and made again by
+re-running its producer right before the use after it; its cost is the producer's duration on the compute stream,
+its ``stall`` estimate, so it competes with offloading in the budget sweep. Single output: a recomputation makes
+again every output that is not on HBM at its start, so with one output the bytes it allocates are exactly the
+gap's and the count stays exact. Depth 1: the producer's inputs must be on HBM during the use after the gap in the
+no-offload count (their span covers it), not updated in place since the producer ran, and none of their gaps
+that strictly cover that use may be offloaded or recomputed (``Gap.holds``). ``Answers`` says which answers a
+run may give: ``offload=False`` keeps only the mandatory transfer gaps (a remat-only planner, the Checkmate
+problem), ``recompute=False`` adds no recompute gaps (the paper's planner).
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -35,6 +47,36 @@ from planner.cost import op_durations_ns, transfer_duration_ns
 from planner.graph import AUTO, Graph
 from planner.hardware import HBM, Hardware
 from planner.orders import named_order
+
+
+@dataclass(frozen=True)
+class Answers:
+    """What greedy may do with a gap besides keeping the tensor on HBM: offload it (Store, Detach, Prefetch) and
+    recompute it (Detach, then re-run its producer). Mandatory transfers (tensors that start remote, unused
+    tensors dropped, store-backs to a pinned tier) are made either way."""
+
+    offload: bool = True
+    recompute: bool = True
+
+    def options(self) -> dict:
+        """Both answers, as plan options: always recorded, since the bound a report quotes for a plan depends on
+        whether it could recompute (``planner.quality.may_recompute``)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def allows(self, gap: Gap) -> bool:
+        """Whether ``gap`` is a candidate under these answers (mandatory gaps always are)."""
+        if gap.recompute is not None:
+            return self.recompute
+        return self.offload or gap.mandatory
+
+    def used(self, gaps: list[Gap]) -> list[str]:
+        """The answers ``gaps`` (selected) give, for the plan's stats."""
+        out = []
+        if any(g.recompute is None and not g.mandatory for g in gaps):
+            out.append("offload")
+        if any(g.recompute is not None for g in gaps):
+            out.append("recompute")
+        return out
 
 
 @dataclass
@@ -49,6 +91,10 @@ class Gap:
     wrap: bool = False  # a part of a wrap-around gap (see the module doc)
     partner: int | None = None  # the other part of a wrap-around gap (index into Context.gaps)
     back: bool = False  # after the last use of a tensor that starts on HBM: fetched back before the step ends
+    recompute: int | None = None  # a recompute gap: the producer's position in the order, re-run before op u
+    index: int = -1  # position in Context.gaps
+    twin: int | None = None  # the other answer for the same stretch (offload <-> recompute): one at most is taken
+    holds: tuple[int, ...] = ()  # a recompute gap: the gaps of the producer's inputs that cover op u (kept off)
     score: float = 0.0  # bytes x the gap's compute time
     stall: int = 0  # estimated stall if offloaded alone: store + fetch time beyond the gap's compute time
     selected: bool = False
@@ -74,8 +120,9 @@ class Gap:
 class Context:
     """What every greedy run on one graph and one hardware shares: order, times, uses, gaps, baseline."""
 
-    def __init__(self, graph: Graph, hw: Hardware, order: str = "auto") -> None:
+    def __init__(self, graph: Graph, hw: Hardware, order: str = "auto", answers: Answers | None = None) -> None:
         self.graph, self.hw = graph, hw
+        self.answers = answers if answers is not None else Answers()
         self.order = named_order(graph, order)
         self.order_name = order
         n = self.n = len(self.order)
@@ -110,6 +157,7 @@ class Context:
         self.unused_remote = {t: self.tiers[0] for t in graph.free_tensors if not acc[t] and self.tiers}
         # Free tensors placed remote by the current selection (their wrap-around gap is taken): tensor -> tier.
         self.wrapped: dict[str, str] = {}
+        self.spans = {t: self._span(t) for t in graph.tensors}
         self.base = self._baseline()
         self.gaps = self._gaps()
 
@@ -150,7 +198,7 @@ class Context:
     def _baseline(self) -> np.ndarray:
         diff = np.zeros(self.n + 1, dtype=np.int64)
         for t, tensor in self.graph.tensors.items():
-            span = self._span(t)
+            span = self.spans[t]
             if span is not None:
                 diff[span[0]] += tensor.bytes
                 diff[span[1] + 1] -= tensor.bytes
@@ -208,11 +256,81 @@ class Context:
                 tail = out[gap.partner]
                 gap.score = tail.score = gap.score + tail.score
                 gap.stall = tail.stall = gap.stall + tail.stall
+        if not self.answers.offload:
+            # Remat only: the transfers no plan can avoid stay (no wrap-around gap does, so no partner moves).
+            out = [gap for gap in out if gap.mandatory]
+        if self.answers.recompute:
+            out += self._recompute_gaps(out)  # after the others: their indices (and tie-breaks) do not change
+        for k, gap in enumerate(out):
+            gap.index = k
         return out
 
+    def _recompute_gaps(self, offload: list[Gap]) -> list[Gap]:
+        """A recompute gap for every mid gap (a, u) of a tensor whose producer may run again (module doc).
+
+        Excluded: producers with several outputs (a recomputation would allocate the others too, when they are off
+        HBM), a tensor updated in place before op u (the recomputation would make an old version), an input off
+        HBM at op u in the no-offload count or updated in place since the producer ran, and a producer whose
+        workspace is more than what op u allocates itself (its outputs and workspace): the recomputation runs in
+        op u's slot before op u, holding what op u's count holds less what op u allocates, plus its workspace, so
+        this keeps op u's count an upper bound without a separate count for the recomputation.
+        """
+        g = self.graph
+        pos = {op.name: i for i, op in enumerate(self.ops)}
+        by_tensor: dict[str, list[int]] = {}
+        for k, gap in enumerate(offload):
+            by_tensor.setdefault(gap.tensor, []).append(k)
+        adds = [sum(g.tensors[t].bytes for t in op.outputs) + op.workspace_bytes for op in self.ops]
+        out: list[Gap] = []
+        for t, tensor in g.tensors.items():
+            name = g.producer.get(t)
+            if name is None:
+                continue
+            op = g.op(name)
+            if not op.recomputable or len(op.outputs) != 1:
+                continue
+            p = pos[name]
+            uses, ups = self.acc[t], self.upd[t]
+            for a, u in zip(uses, uses[1:]):
+                if u - a < 2:
+                    continue
+                if ups and ups[0] < u:
+                    break  # made again, it would be the version before the update (and so at every later use)
+                if op.workspace_bytes > adds[u]:
+                    continue
+                if not all(self._kept_for(x, p, u) for x in op.reads):
+                    continue
+                # Depth 1: the inputs' gaps strictly covering op u stay off while this one is taken. A gap ending at
+                # u (a prefetch for op u) is fine: the recomputation waits for that prefetch.
+                holds = tuple(k for x in op.reads for k in by_tensor.get(x, ()) if offload[k].a < u < offload[k].u)
+                twin = next((k for k in by_tensor.get(t, ()) if (offload[k].a, offload[k].u) == (a, u)), None)
+                gap = Gap(t, tensor.bytes, a, u, recompute=p, twin=twin, holds=holds)
+                gap.score = float(gap.bytes) * float(self.start_of(u) - self.end_of(a))
+                gap.stall = int(self.dur[p])  # paid on the compute stream, always
+                out.append(gap)
+        # Their holds name the inputs' recompute gaps too (those covering op u), and each twin points back.
+        base = len(offload)
+        redo_by_tensor: dict[str, list[int]] = {}
+        for j, gap in enumerate(out):
+            redo_by_tensor.setdefault(gap.tensor, []).append(j)
+        for j, gap in enumerate(out):
+            op = self.ops[gap.recompute]
+            gap.holds += tuple(base + i for x in op.reads for i in redo_by_tensor.get(x, ())
+                               if out[i].a < gap.u < out[i].u)
+            if gap.twin is not None:
+                offload[gap.twin].twin = base + j
+        return out
+
+    def _kept_for(self, x: str, p: int, u: int) -> bool:
+        """Whether input ``x`` of the op at ``p`` can be read again before op ``u`` as the op first read it: on HBM
+        during op u in the no-offload count, and not updated in place by an op between p and u."""
+        span, ups = self.spans[x], self.upd[x]
+        return span is not None and span[1] >= u and bisect.bisect_left(ups, u) == bisect.bisect_right(ups, p)
+
     def fetches(self, gap: Gap) -> bool:
-        """Whether the gap ends with a Prefetch (before a use, or before the step ends)."""
-        return gap.u < self.n or gap.back
+        """Whether the gap ends with a Prefetch (before a use, or before the step ends); a recompute gap ends with
+        its recomputation instead."""
+        return (gap.u < self.n or gap.back) and gap.recompute is None
 
     def home_of(self, t: str) -> str:
         """The tier ``t`` starts on under the current selection (``hbm`` for tensors an op produces)."""
@@ -234,7 +352,7 @@ class Context:
 
     def transfer_cost(self, gap: Gap) -> int:
         """Store (unless a valid home copy exists) plus fetch time of the gap on the fastest tier, in ns."""
-        if not self.tiers or gap.droppable:
+        if not self.tiers or gap.droppable or gap.recompute is not None:
             return 0
         store = 0 if (gap.pre_absent or self.has_home_copy(gap)) else self.store_ns(gap.bytes)
         return store + (self.fetch_ns(gap.bytes) if self.fetches(gap) else 0)
@@ -260,7 +378,7 @@ class LinkCalendar:
     def links(self, gap: Gap) -> tuple[str | None, int, str | None, int]:
         """(store link, store ns, fetch link, fetch ns) the gap would use, on the fastest tier."""
         ctx = self.ctx
-        if not ctx.tiers or gap.droppable:
+        if not ctx.tiers or gap.droppable or gap.recompute is not None:
             return None, 0, None, 0
         store = fetch = None
         ts = tf = 0
@@ -325,10 +443,11 @@ def _cover(L: np.ndarray, lo: int, hi: int, b: int) -> None:
 
 
 def select_gaps(
-    ctx: Context, budget: int, select_distance: int, select_num: int, prefetch_distance: int, release_distance: int
+    ctx: Context, budget: int, select_distance: int, select_num: int, prefetch_distance: int, release_distance: int,
+    answers: Answers | None = None,
 ) -> tuple[list[Gap], np.ndarray, int | None]:
-    """Choose the gaps to offload; return (selected gaps, HBM count per op with each at its widest, first op
-    still over ``budget`` or None).
+    """Choose the gaps to offload or recompute; return (selected gaps, HBM count per op with each at its widest,
+    first op still over ``budget`` or None).
 
     1. mandatory gaps (tensors that start remote; unused tensors that can simply be dropped);
     2. the distance rule: gaps at least ``select_distance`` ops long whose store and fetch fit in the gap's
@@ -341,14 +460,22 @@ def select_gaps(
        use, prefetch ``prefetch_distance`` ops before the next);
     4. if an op is still over, every gap counted at its widest (detach right after the use, prefetch right
        before the next), and more gaps by the same rule.
+
+    Recompute gaps (see the module doc) take part in steps 3 and 4 only, with their producer's duration as their
+    stall: recomputing always costs compute time, so it is a budget decision, never one the distance rule makes.
+    ``answers`` (at most ``ctx.answers``; default those) narrows the candidates: with ``recompute=False`` the
+    selection is exactly the one a context without recompute gaps makes (they come last and are never taken).
     """
+    answers = answers if answers is not None else ctx.answers
     for gap in ctx.gaps:
         gap.selected = gap.mandatory
     ctx.wrapped = {}
     pd, rd = max(0, prefetch_distance), max(1, release_distance)
 
     def nominal(gap: Gap) -> tuple[int, int]:
-        lo = 0 if gap.pre_absent else (gap.lo if gap.droppable else max(gap.lo, gap.a + rd))
+        # Nothing to store: a dropped or recomputed tensor leaves right after its use.
+        stores = not (gap.droppable or gap.recompute is not None)
+        lo = 0 if gap.pre_absent else (max(gap.lo, gap.a + rd) if stores else gap.lo)
         hi = max(lo, gap.u - pd) if ctx.fetches(gap) else gap.u
         return lo, hi
 
@@ -364,9 +491,16 @@ def select_gaps(
     def parts(gap: Gap) -> list[Gap]:
         return [gap] if gap.partner is None else [gap, ctx.gaps[gap.partner]]
 
+    blocked: set[int] = set()  # gaps a selected recompute gap holds on HBM (its producer's inputs)
+
     def take(gap: Gap) -> list[Gap]:
         """Select ``gap`` (with its other part, placing the tensor, for a wrap-around gap); return what was
-        selected (nothing when no remote tier has room for the tensor)."""
+        selected (nothing when no remote tier has room for the tensor, when the other answer for the same stretch
+        is taken, or when a recompute gap and the inputs it reads exclude each other)."""
+        if any(p.index in blocked or (p.twin is not None and ctx.gaps[p.twin].selected) for p in parts(gap)):
+            return []
+        if any(ctx.gaps[k].selected for k in gap.holds):
+            return []
         if gap.wrap:
             tier = next((t for t in ctx.tiers if room[t] >= gap.bytes), None)
             if tier is None:
@@ -377,6 +511,7 @@ def select_gaps(
         for p in taken:
             p.selected = True
             cal.book(p)
+        blocked.update(gap.holds)
         return taken
 
     for gap in ctx.gaps:
@@ -387,7 +522,7 @@ def select_gaps(
         # its first fetch has only the ops before the first use to hide behind.
         pool = [gap for gap in ctx.gaps
                 if not gap.selected and gap.stall == 0 and gap.u - gap.a >= max(2, select_distance)
-                and not gap.wrap]
+                and not gap.wrap and gap.recompute is None and answers.offload]
         pool.sort(key=lambda g: (-g.score, g.tensor, g.a))
         taken = 0
         for gap in pool:
@@ -398,7 +533,8 @@ def select_gaps(
 
     def sweep(L: np.ndarray, rng) -> int | None:
         cands = sorted(
-            ((lo, hi, k) for k, gap in enumerate(ctx.gaps) if not gap.selected for lo, hi in [rng(gap)] if hi > lo),
+            ((lo, hi, k) for k, gap in enumerate(ctx.gaps) if not gap.selected and answers.allows(gap)
+             for lo, hi in [rng(gap)] if hi > lo),
         )
         heap: list[tuple[int, float, str, int, int, int]] = []
         j = 0
@@ -441,4 +577,4 @@ def select_gaps(
     return [gap for gap in ctx.gaps if gap.selected], L, over
 
 
-__all__ = ["Context", "Gap", "select_gaps"]
+__all__ = ["Answers", "Context", "Gap", "select_gaps"]

@@ -15,7 +15,9 @@ memory, without letting the HBM count of any op exceed the budget:
 * a position that would put an op over the budget is not taken: the cache op stops at the last position that
   fits, and the plan stalls there instead;
 * a gap whose Store and Prefetch cannot both be hidden and that the budget does not need is given up (the
-  tensor stays on HBM).
+  tensor stays on HBM); so is a recompute gap the budget does not need (a recomputation is never hidden). A
+  recompute gap has nothing to store or fetch: its Detach stays right after the use, its recomputation right
+  before the next.
 """
 
 from __future__ import annotations
@@ -61,6 +63,11 @@ def resolve_copies(ctx: Context, gaps: list[Gap]) -> list[str]:
             cursor = max(cursor, gap.a)
             gap.needs_store = False
             gap.store_tier = None
+            if gap.recompute is not None:
+                # Made again, not moved: no copy is made or read (an earlier stored copy stays valid: no update
+                # came in between, or the gap would not be a candidate).
+                gap.fetch_tier = None
+                continue
             if gap.u >= ctx.n and home != HBM and tensor.persistent and t not in g.producer:
                 # The step ends with the tensor back on its own tier (its room there is held).
                 if home not in valid:
@@ -144,7 +151,8 @@ def place(ctx: Context, gaps: list[Gap], L: np.ndarray, budget: int, prefetch_di
             if want > lo:
                 r = lo + _first_over(L[lo:want], budget - b, want - lo)
         else:
-            hidden = True
+            # A recomputation is never hidden: it always costs its producer's time on the compute stream.
+            hidden = gap.recompute is None
         # Prefetch: as late as its link allows it to end in time, at least prefetch_distance ops before the use.
         q = u
         if ctx.fetches(gap):

@@ -14,8 +14,10 @@ greedy (best of its sweep) and cpsat:
 
 Training: LLaMA-3-8B, configuration No.1 (DP8, micro-batch 2), reduced layers, optimizer states on HBM. The
 baseline is no offload with recompute on, whose peak is the HBM budget; each planner runs the recompute-off
-graph in that budget, offloading what it must. The gain over the baseline at D2H/H2D bandwidths from 20 to 400
-GB/s is the paper's bandwidth-robustness curve (on par at 33.6 GB/s, +5.7% to +21.5% at 40 to 70 GB/s).
+graph in that budget, offloading what it must (recompute steps off: the paper's setting). The planners that can
+recompute (``recompute`` option) also plan it jointly: per activation, keep, offload or drop and re-run, the
+question the paper's two fixed graphs answer one way each. The gain over the baseline at D2H/H2D bandwidths from
+20 to 400 GB/s is the paper's bandwidth-robustness curve (on par at 33.6 GB/s, +5.7% to +21.5% at 40 to 70 GB/s).
 """
 
 from __future__ import annotations
@@ -241,9 +243,11 @@ def run_inference(cfg: PaperConfig, hw: Hardware, progress: Callable[[str], Prog
 
 
 def run_training(cfg: PaperConfig, hw: Hardware, progress: Callable[[str], Progress] | None = None) -> dict:
-    """The bandwidth sweep: baseline none (recompute on) against each planner (recompute off) in its budget."""
+    """The bandwidth sweep: baseline none (recompute on) against each planner (recompute off) in its budget, and
+    the planners that can recompute planning offload and recompute jointly (tag ``joint``)."""
     gen = "llama3_8b_training"
     names = [n for n in cfg.planner_names() if n != "none"]
+    joint = [n for n in names if "recompute" in api.option_types(n)]
     options = cfg.planner_options()
     on, off = cfg.training_args(True), cfg.training_args(False)
     g_on = generate(gen, on, "seq_len", cfg.train_seq)
@@ -255,16 +259,25 @@ def run_training(cfg: PaperConfig, hw: Hardware, progress: Callable[[str], Progr
         points.append({"generator": gen, "generator_args": on, "seq_len": cfg.train_seq, "hardware": hw.to_dict(),
                        "hbm_bytes": budget, "planner": "none", "bandwidth_GBps": bw, "tag": "baseline"})
         for n in names:
+            own = options.get(n)
+            if n in joint:
+                own = {**(own or {}), "recompute": False}
             points.append({"generator": gen, "generator_args": off, "seq_len": cfg.train_seq,
-                           "hardware": hw.to_dict(), "hbm_bytes": budget, "planner": n, "options": options.get(n),
+                           "hardware": hw.to_dict(), "hbm_bytes": budget, "planner": n, "options": own,
                            "bandwidth_GBps": bw, "tag": "recompute_off", "keep_plan": True})
+        for n in joint:
+            points.append({"generator": gen, "generator_args": off, "seq_len": cfg.train_seq,
+                           "hardware": hw.to_dict(), "hbm_bytes": budget, "planner": n,
+                           "options": {**(options.get(n) or {}), "recompute": True},
+                           "bandwidth_GBps": bw, "tag": "joint", "keep_plan": True})
     bar = progress or (lambda desc: None)
     with Runner(cfg.jobs) as runner:
         rows = runner.map(_paper_point, points, bar("training: bandwidths"))
     # A plan made for a slower link seeds the faster points (re-simulated there), so each curve is monotone
     # wherever the executor accepts it.
-    seed_looser(g_off, [r for r in rows if r["tag"] == "recompute_off"], lambda r: r["bandwidth_GBps"],
-                lambda r: with_bandwidth(with_hbm(hw, budget), ("d2h", "h2d"), r["bandwidth_GBps"] * 1e9))
+    for tag in ("recompute_off", "joint"):
+        seed_looser(g_off, [r for r in rows if r["tag"] == tag], lambda r: r["bandwidth_GBps"],
+                    lambda r: with_bandwidth(with_hbm(hw, budget), ("d2h", "h2d"), r["bandwidth_GBps"] * 1e9))
     base = {r["bandwidth_GBps"]: r for r in rows if r["tag"] == "baseline"}
     for r in rows:
         b = base[r["bandwidth_GBps"]]
@@ -272,7 +285,7 @@ def run_training(cfg: PaperConfig, hw: Hardware, progress: Callable[[str], Progr
         r["gain_over_baseline"] = round(b["makespan_us"] / r["makespan_us"] - 1, 6) if ok else None
     return {"generator": gen, "baseline_args": on, "planner_args": off, "budget_bytes": budget,
             "recompute_off_peak_bytes": off_peak, "bandwidths_GBps": list(cfg.bandwidths), "planners": names,
-            "points": rows}
+            "joint_planners": joint, "points": rows}
 
 
 def run_paper(cfg: PaperConfig, progress: Callable[[str], Progress] | None = None) -> dict:
@@ -371,20 +384,21 @@ def inference_table(res: dict) -> str:
 
 def training_table(res: dict) -> str:
     tr = res["training"]
-    names = tr["planners"]
+    columns = [(n, "recompute_off") for n in tr["planners"]] + [(n, "joint") for n in tr.get("joint_planners", ())]
+    label = {"recompute_off": "recompute off", "joint": "joint: offload + recompute"}
     body = []
     for bw in tr["bandwidths_GBps"]:
         pts = [p for p in tr["points"] if p["bandwidth_GBps"] == bw]
         base = next(p for p in pts if p["tag"] == "baseline")
         cells = []
-        for n in names:
-            p = next(q for q in pts if q["planner"] == n and q["tag"] == "recompute_off")
+        for n, tag in columns:
+            p = next(q for q in pts if q["planner"] == n and q["tag"] == tag)
             cells.append(f"{_ms(p['makespan_us'])} ({_pct(p['gain_over_baseline'])})" if p["status"] == VALID
                          else f"{p['status']}")
         paper = {33.6: "on par", 40.0: "+5.7%", 70.0: "+21.5%"}.get(bw, "")
         body.append([f"{bw:g} GB/s", paper, _ms(base["makespan_us"]), *cells])
     return markdown_table(["D2H/H2D", "paper: gain", "baseline (none, recompute on)",
-                           *[f"{n} (recompute off): makespan (gain)" for n in names]], body)
+                           *[f"{n} ({label[tag]}): makespan (gain)" for n, tag in columns]], body)
 
 
 def paper_markdown(res: dict, command: str) -> str:
@@ -420,7 +434,8 @@ def paper_markdown(res: dict, command: str) -> str:
         "",
         f"Baseline: no offload with recompute on; its peak, {_gb(tr['budget_bytes'])}, is the HBM budget. The "
         f"planners run the recompute-off graph (no-offload peak {_gb(tr['recompute_off_peak_bytes'])}) in that "
-        "budget; gain = baseline makespan / planner makespan - 1.",
+        "budget, with recompute steps off (*recompute off*) and, for those that can, deciding per activation "
+        "whether to keep, offload or drop and re-run it (*joint*); gain = baseline makespan / planner makespan - 1.",
         "",
         training_table(res),
         "",

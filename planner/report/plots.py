@@ -270,13 +270,15 @@ def gain_plot(training: dict, path: str | Path, title: str = "") -> Path:
     fig = Figure(figsize=(8, 5.2), layout="constrained")
     ax = fig.subplots()
     pts = training["points"]
-    for i, name in enumerate(training["planners"]):
-        st = _planner_style(name, i)
+    curves = [(n, "recompute_off", "recompute off", "-") for n in training["planners"]]
+    curves += [(n, "joint", "joint: offload + recompute", "--") for n in training.get("joint_planners", ())]
+    for name, tag, label, line in curves:
+        st = _planner_style(name, training["planners"].index(name))
         good = sorted((p["bandwidth_GBps"], p["gain_over_baseline"]) for p in pts
-                      if p["planner"] == name and p["tag"] != "baseline" and p.get("gain_over_baseline") is not None)
+                      if p["planner"] == name and p["tag"] == tag and p.get("gain_over_baseline") is not None)
         if good:
-            ax.plot([g[0] for g in good], [100 * g[1] for g in good], label=f"{name} (recompute off)",
-                    color=st["color"], marker=st["marker"])
+            ax.plot([g[0] for g in good], [100 * g[1] for g in good], label=f"{name} ({label})",
+                    color=st["color"], marker=st["marker"], linestyle=line)
     ax.plot([33.6, 40, 70], [0, 5.7, 21.5], linestyle="none", marker="*", markersize=12, color="black",
             label="paper: HyperOffload (on par, +5.7%, +21.5%)")
     ax.axhline(0, color="#7f7f7f", linestyle=":", linewidth=1.2, label="baseline: no offload, recompute on")

@@ -1,6 +1,7 @@
 """The CP-SAT model's constraint families, one function each, over a frame's ``Variables``.
 
-- ops: one interval per op on a NoOverlap (one compute stream), data-dependency precedences;
+- ops: one interval per op and per re-run of a recompute gap on a NoOverlap (one compute stream), data-dependency
+  precedences;
 - gaps: not offloaded, Detach = Prefetch (no hole); offloaded, the Prefetch (an optional interval on its tier's
   link) ends before the users after the gap; a free tensor's starting tier is its init gap's literal, tied to
   its end gap's (the wrap-around gap);
@@ -9,14 +10,16 @@
 - tiers: one remote tier per offloaded tensor, each tier's capacity;
 - links: a NoOverlap per one-channel link, a Cumulative where a link has several channels;
 - memory: each tensor's HBM residencies and every op's workspace in one Cumulative of capacity the budget;
-- ends and detach times: the end of each tensor's last residency, and each Detach after the users before its gap
-  and the Store it relies on.
+- remats: a re-run after the op's first run and before the in-place writes of what it reads, with every input on
+  HBM for its whole length (the input's offloaded gaps end before it or start after it);
+- ends and detach times: the end of each tensor's last residency (a re-run reading it is a use), and each
+  Detach after the users before its gap and the Store it relies on.
 """
 
 from __future__ import annotations
 
-from planner.planners.cpsat.data import chain, op_end
-from planner.planners.cpsat.hint import transfer_intervals
+from planner.planners.cpsat.data import RECOMPUTE, chain, op_end
+from planner.planners.cpsat.hint import remat_intervals, transfer_intervals
 from planner.planners.cpsat.variables import Variables, is_const
 
 
@@ -29,6 +32,25 @@ def ops(m: Variables) -> None:
         iv = m.cp.new_fixed_size_interval_var(s, p.ops[o].dur, f"op{o}")
         m.op_iv[o] = iv
         intervals.append(iv)
+    # Re-runs: optional where the frame decides them; the incumbent's fixed ones where they fall in the region.
+    m.remat_iv = {}
+    for g, lits in m.offload_to.items():
+        lit = lits.get(RECOMPUTE, 0)
+        if is_const(lit) and lit == 0:
+            continue
+        Y = m.prefetch[g]
+        if is_const(lit) and is_const(Y):
+            continue  # fixed: added with the incumbent's below
+        m.remat_iv[g] = m.transfer(Y, p.gaps[g].fetch[RECOMPUTE], lit, f"re{g}")
+        intervals.append(m.remat_iv[g])
+    for g, (s, e) in remat_intervals(p, f.inc).items():
+        if g in m.remat_iv:
+            continue
+        s2, e2 = max(s, f.lo), min(e, f.ops_end)
+        if e2 > s2 and not f.whole:
+            intervals.append(m.cp.new_fixed_size_interval_var(s2, e2 - s2, f"fre{g}"))
+        elif f.whole:
+            intervals.append(m.cp.new_fixed_size_interval_var(s, e - s, f"fre{g}"))
     if len(intervals) > 1:
         m.cp.add_no_overlap(intervals)
     for o in m.start:
@@ -75,9 +97,11 @@ def gaps(m: Variables) -> None:
                     for u in gap.after:
                         m.le(Y + gap.fetch[r], m.st(u), [lit])
                     if not f.whole and not (is_const(lit) and is_const(Y)):
-                        # A transfer the window moves stays inside the window.
+                        # A transfer the window moves stays inside the window; a re-run, among the window's ops.
                         m.le(f.lo, Y, [lit])
-                        m.le(Y + gap.fetch[r], f.hi, [lit])
+                        m.le(Y + gap.fetch[r], f.ops_end if r == RECOMPUTE else f.hi, [lit])
+                if r == RECOMPUTE:
+                    continue  # dropped, not stored
                 if gap.slot is not None:
                     m.slot_vars(gap.slot)
                     if gap.store_unless_placed:
@@ -136,7 +160,8 @@ def tiers(m: Variables) -> None:
         m.cp.add(sum(z.values()) <= 1)
         for g in p.tensors[t].gaps:
             for r, lit in m.offload_to[g].items():
-                m.implies(lit, z[r])
+                if r != RECOMPUTE:
+                    m.implies(lit, z[r])
     for s, q in m.store_to.items():
         t = p.slots[s].tensor
         if t in m.tier_of:
@@ -169,6 +194,8 @@ def links(m: Variables) -> None:
         if not gap.has_fetch:
             continue
         for r, lit in lits.items():
+            if r == RECOMPUTE:
+                continue  # on the compute stream (ops)
             Y = m.prefetch[g]
             if is_const(lit) and (lit == 0 or is_const(Y)):
                 continue  # absent, or fixed (added below with the incumbent's fixed transfers)
@@ -229,6 +256,11 @@ def memory(m: Variables) -> None:
         if p.ops[o].ws:
             intervals.append(m.op_iv[o])
             demands.append(p.ops[o].ws)
+    for g, iv in m.remat_iv.items():
+        ws = p.gaps[g].remat.ws
+        if ws:
+            intervals.append(iv)
+            demands.append(ws)
     # The fixed profile: residencies of untouched tensors, and the constant pieces of touched ones.
     ev = []
     for t in p.tensors:
@@ -249,6 +281,12 @@ def memory(m: Variables) -> None:
             if b2 > a2:
                 ev.append((a2, o.ws))
                 ev.append((b2, -o.ws))
+    for g, (s, e) in remat_intervals(p, f.inc).items():
+        ws = p.gaps[g].remat.ws
+        a2, b2 = max(s, lo), min(e, hi)
+        if ws and g not in m.remat_iv and b2 > a2:
+            ev.append((a2, ws))
+            ev.append((b2, -ws))
     profile = _profile(ev, lo, hi)
     base = min((lvl for _s, _e, lvl in profile), default=0)
     for s, e, lvl in profile:
@@ -305,11 +343,13 @@ def _chain_terms(m: Variables, ti) -> list[tuple[object, object]]:
 def ends(m: Variables) -> None:
     """A tensor freed after its last use is freed exactly then: F = the latest end of its users."""
     p = m.p
+    readers = remat_readers(m)
     for t, F in m.freed.items():
         ti = p.tensors[t]
         ends = [m.en(u) for u in ti.users]
         if ti.producer is not None:
             ends.append(m.en(ti.producer))
+        ends += [_remat_end(m, g, lit) for g, lit in readers.get(t, ())]
         var = [e for e in ends if not is_const(e)]
         const = max((e for e in ends if is_const(e)), default=None)
         if const is not None:
@@ -318,6 +358,96 @@ def ends(m: Variables) -> None:
             m.cp.add(F == var[0])
         else:
             m.cp.add_max_equality(F, var)
+
+
+def remat_readers(m: Variables) -> dict[int, list[tuple[int, object]]]:
+    """Tensor -> the re-runs that may read it in this frame: (gap, its RECOMPUTE literal or constant)."""
+    p, inc = m.p, m.f.inc
+    out: dict[int, list[tuple[int, object]]] = {}
+    seen = set()
+    for g, lits in m.offload_to.items():
+        lit = lits.get(RECOMPUTE, 0)
+        seen.add(g)
+        if not (is_const(lit) and lit == 0):
+            for x in p.gaps[g].remat.inputs:
+                out.setdefault(x, []).append((g, lit))
+    for g, tier in inc.off.items():
+        if tier == RECOMPUTE and g not in seen:
+            for x in p.gaps[g].remat.inputs:
+                out.setdefault(x, []).append((g, 1))
+    return out
+
+
+def _remat_end(m: Variables, g: int, lit):
+    """The end of gap ``g``'s re-run when it is made, else 0 (a term for the max of a tensor's uses)."""
+    p, inc = m.p, m.f.inc
+    Y = m.prefetch.get(g, inc.prefetch.get(g, 0))
+    end = Y + p.gaps[g].fetch[RECOMPUTE]
+    if is_const(lit):
+        return end if lit else 0
+    hint = inc.prefetch[g] + p.gaps[g].fetch[RECOMPUTE] if inc.off.get(g) == RECOMPUTE else 0
+    e = m.int_var(0, p.horizon, f"E{g}", hint)
+    m.cp.add(e == end).only_enforce_if(lit)
+    m.cp.add(e == 0).only_enforce_if(lit.Not())
+    return e
+
+
+def remats(m: Variables) -> None:
+    """Each re-run after the op's first run and before the in-place writes of what it reads; each input on HBM for
+    the whole re-run. An input's offloaded or recomputed gap is, by the reference order, either before the re-run
+    (its Prefetch, or its own re-run, ends before this one starts: for the gap that spans the re-run's anchor, that
+    makes a chain of re-runs) or after it (its Detach comes after this one ends). An input freed after its last use
+    is freed no earlier than the re-run's end (``ends``; here when its end is fixed)."""
+    p, inc = m.p, m.f.inc
+    pos = p.pos
+    for x, readers in remat_readers(m).items():
+        tx = p.tensors[x]
+        if not tx.modelled:
+            continue
+        x_users = tx.users
+        for g, lit in readers:
+            gap = p.gaps[g]
+            rm = gap.remat
+            Y = m.prefetch.get(g, inc.prefetch[g])
+            end = Y + gap.fetch[RECOMPUTE]
+            k = sum(1 for u in x_users if pos[u] < pos[rm.anchor])
+            for h in tx.gaps:
+                hg = p.gaps[h]
+                lits = m.offload_to.get(h)
+                if lits is None:
+                    tier = inc.off.get(h)
+                    lits = {tier: 1} if tier is not None else {}
+                for r, lit_h in lits.items():
+                    if is_const(lit_h) and lit_h == 0:
+                        continue
+                    if hg.has_fetch and hg.n_before <= k:
+                        # Back before the re-run: for the gap across the anchor, earlier than its own users need
+                        # (the input then stays from there to its next use).
+                        Yh = m.prefetch.get(h, inc.prefetch[h])
+                        _soft_le(m, Yh + hg.fetch[r], Y, [lit, lit_h])
+                    elif hg.kind != "init":
+                        Xh = m.detach.get(h, inc.detach.get(h, 0))
+                        _soft_le(m, end, Xh, [lit, lit_h])
+            if not tx.until_end and x not in m.freed:
+                _soft_le(m, end, inc.freed[x], [lit])
+    for g, lits in m.offload_to.items():
+        lit = lits.get(RECOMPUTE, 0)
+        if is_const(lit) and lit == 0:
+            continue
+        gap = p.gaps[g]
+        rm = gap.remat
+        Y = m.prefetch[g]
+        _soft_le(m, m.en(rm.op), Y, [lit])
+        for w in rm.before_updates:
+            _soft_le(m, Y + gap.fetch[RECOMPUTE], m.st(w), [lit])
+
+
+def _soft_le(m: Variables, a, b, lits) -> None:
+    """``m.le``, except that a constraint whose terms and literals are all constant is left out: it is the
+    incumbent's, which the frame cannot change."""
+    if is_const(a) and is_const(b) and all(is_const(x) for x in lits):
+        return
+    m.le(a, b, lits)
 
 
 def detach_times(m: Variables) -> None:
@@ -357,6 +487,9 @@ def detach_times(m: Variables) -> None:
             for r, lit in m.offload_to[g].items():
                 if is_const(lit) and lit == 0:
                     continue
+                if r == RECOMPUTE:
+                    m.eq(X, last, [lit])  # dropped: no Store to wait for
+                    continue
                 hint = max(users_end, inc.store_start[gap.slot] + sl.store[r])
                 # A Store that is not made may still sit late (its writer's end): leave room past the horizon.
                 xr = m.max_of(ends + [S + sl.store[r]], f"Xr{g}_{r}", hint, hi=m.p.horizon + sl.store[r])
@@ -389,4 +522,4 @@ def _profile(ev: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int
     return out
 
 
-__all__ = ["detach_times", "ends", "gaps", "links", "memory", "ops", "slots", "tiers"]
+__all__ = ["detach_times", "ends", "gaps", "links", "memory", "ops", "remats", "slots", "tiers"]

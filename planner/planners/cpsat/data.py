@@ -21,6 +21,16 @@ instead of an end gap: off HBM after its last use, fetched back before the step 
 (its first use needs the Prefetch) and its end gap is offloaded too (stored back when updated, dropped after its
 last use: the wrap-around gap); not offloaded, it starts on HBM (Y = 0, no Prefetch) and stays there at the end.
 Its version-0 gaps then need a Store only when it starts on HBM (``store_unless_placed``).
+
+Recomputation is a third answer for a gap, beside keeping the tensor and offloading it: the pseudo-tier
+``RECOMPUTE`` among a gap's tiers drops the tensor after the users before the gap (a Detach, no Store) and re-runs
+its producer on the compute stream before the users after it (``Gap.remat``). Its "Prefetch" is that re-run: Y is
+its start (where the tensor is allocated again) and ``fetch[RECOMPUTE]`` its duration. Candidates (``_remat``):
+mid gaps of a tensor that is the single output of a recomputable op, never updated in place, whose inputs are not
+written in place between the op and the gap's first user after it (``Remat.anchor``); the model then requires
+each input to be on HBM (kept, or fetched or re-made before) for the whole re-run. An input whose own gap across
+the anchor is offloaded or recomputed must then be back before the re-run starts (and stays until its next use):
+re-runs chain to any depth, each input made again before the re-run that reads it.
 """
 
 from __future__ import annotations
@@ -32,6 +42,9 @@ from dataclasses import dataclass, field, replace
 from planner.cost import op_durations_ns, transfer_duration_ns
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
+
+# A gap's pseudo-tier: dropped with no Store, made again by re-running its producer (see the module doc).
+RECOMPUTE = "recompute"
 
 
 @dataclass(frozen=True)
@@ -95,6 +108,22 @@ class LinkInfo:
     direction: str  # "store" (HBM -> tier) or "fetch" (tier -> HBM)
 
 
+@dataclass(frozen=True)
+class Remat:
+    """How a recompute gap's tensor is made again: its producer re-run on the compute stream, before ``anchor``
+    (the gap's first user after it, in reference order)."""
+
+    op: int
+    dur: int  # ticks
+    dur_ns: int
+    ws: int  # workspace units
+    inputs: tuple[int, ...]  # tensors the re-run reads
+    anchor: int
+    # Updaters of an input that come after the anchor in reference order: the re-run must precede them (it reads
+    # the version the op first read).
+    before_updates: tuple[int, ...] = ()
+
+
 @dataclass
 class Gap:
     index: int
@@ -111,6 +140,7 @@ class Gap:
     placement: bool = False  # the init gap of a free tensor: offloaded = it starts remote
     required: bool = False  # an end gap that must be offloaded (the Store back to a pinned remote home)
     store_unless_placed: bool = False  # needs its slot's Store only when the free tensor starts on HBM
+    remat: Remat | None = None  # a recompute candidate: how the tensor is made again (tiers has RECOMPUTE)
 
     @property
     def has_fetch(self) -> bool:
@@ -248,12 +278,17 @@ def build_problem(
     must: set[tuple[str, int]] | None = None,
     gap_fraction: float = 0.5,
     min_tensor_fraction: float = 1e-4,
+    recompute: bool = False,
+    offload: bool = True,
 ) -> Problem:
     """Return the scaled problem for the compute order ``order`` (the hint's).
 
     ``must``: (tensor, n_before) gaps to include whatever the filters say (the hint offloads them). A mid or end
     gap is a candidate when the tensor is at least ``min_tensor_fraction`` of the budget and the compute time in
-    the gap (in the reference order) is at least ``gap_fraction`` of its Prefetch time.
+    the gap (in the reference order) is at least ``gap_fraction`` of its Prefetch time (or of its recomputation
+    time, for a recompute candidate). ``recompute``: mid gaps may be recompute candidates (module doc).
+    ``offload=False``: no gap is offloaded by choice (remat only): only the fetches and Stores a pinned placement
+    forces remain, and every tensor whose tier the planner chooses starts on HBM.
     """
     must = must or set()
     budget = hw.hbm_bytes
@@ -298,7 +333,7 @@ def build_problem(
         producer = index[graph.producer[name]] if name in graph.producer else None
         users = tuple(sorted((index[u] for u in graph.users[name]), key=lambda i: pos[i]))
         updaters = tuple(u for u in users if name in graph.ops[u].updates)
-        free = producer is None and not t.pinned and bool(users) and bool(tier_names)
+        free = producer is None and not t.pinned and bool(users) and bool(tier_names) and offload
         home = HBM if producer is not None or free else t.home
         if producer is None and not t.pinned and not free:
             # Free and never used: nothing to gain on HBM. Free with no remote tier: HBM is the only choice.
@@ -319,10 +354,11 @@ def build_problem(
             ti.modelled = False
             fixed_bytes += t.bytes
             continue
-        if not ti.tiers:
+        remat = _remat_of(graph, ti, ops, pos, tindex) if recompute else None
+        if not ti.tiers and remat is None:
             continue
         _add_gaps(graph, hw, scale, ti, gaps, slots, ref, pos, prefix_ns, anc, tiers, must, droppable,
-                  min_bytes, gap_fraction)
+                  min_bytes, gap_fraction, remat, offload)
 
     for name, tier in tiers.items():
         home = sum(t.nbytes for t in tensors if t.starts_remote and t.home == name)
@@ -332,8 +368,39 @@ def build_problem(
                    horizon, anc)
 
 
+def _remat_of(graph: Graph, ti: TensorInfo, ops: list[OpInfo], pos: list[int], tindex: dict[str, int]):
+    """For a tensor whose gaps may be recompute candidates, a function from a gap's first user after it (the
+    anchor) to its ``Remat`` (None where that gap cannot be one); None when no gap of the tensor can be."""
+    if ti.producer is None or ti.updaters:
+        return None
+    op = graph.ops[ti.producer]
+    # One output: a re-run makes again every output not on HBM, which the model would not count otherwise.
+    if not op.recomputable or len(op.outputs) != 1:
+        return None
+    info = ops[ti.producer]
+    p_pos = pos[ti.producer]
+    inputs = tuple(dict.fromkeys(tindex[x] for x in op.reads))
+    per_input = []
+    for x in op.reads:
+        writers = [graph.op_index[u] for u in graph.users[x] if x in graph.ops[graph.op_index[u]].updates]
+        per_input.append(([pos[w] for w in writers], writers))
+
+    def remat(anchor: int):
+        a_pos = pos[anchor]
+        after: list[int] = []
+        for upd_pos, updaters in per_input:
+            # (An input the order frees before the anchor is held to the re-run: the model's F, ``ends``.)
+            # Not written between the op's first run and the re-run: the re-run reads what the op read.
+            if any(p_pos < q < a_pos for q in upd_pos):
+                return None
+            after.extend(w for w, q in zip(updaters, upd_pos) if q >= a_pos)
+        return Remat(ti.producer, info.dur, info.dur_ns, info.ws, inputs, anchor, tuple(sorted(set(after))))
+
+    return remat
+
+
 def _add_gaps(graph, hw, scale, ti: TensorInfo, gaps, slots, ref, pos, prefix_ns, anc, tiers, must, droppable,
-              min_bytes, gap_fraction) -> None:
+              min_bytes, gap_fraction, remat=None, offload: bool = True) -> None:
     users = ti.users
     n = len(users)
     persistent_like = ti.persistent or droppable
@@ -349,10 +416,10 @@ def _add_gaps(graph, hw, scale, ti: TensorInfo, gaps, slots, ref, pos, prefix_ns
         u = users[j]
         cur = [w for w in cur if not (anc[w] >> u) & 1] + [u]
         min_after[j] = tuple(cur)
-    fast = ti.tiers[0]
+    fast = ti.tiers[0] if ti.tiers else None
 
-    def fetch_ns(tier: str) -> int:
-        return transfer_duration_ns(ti.nbytes, hw.fetch_link(tier))
+    def fetch_ns(tier: str | None) -> int:
+        return transfer_duration_ns(ti.nbytes, hw.fetch_link(tier)) if tier is not None else 0
 
     def store_ns(tier: str) -> int:
         return transfer_duration_ns(ti.nbytes, hw.store_link(tier))
@@ -384,8 +451,11 @@ def _add_gaps(graph, hw, scale, ti: TensorInfo, gaps, slots, ref, pos, prefix_ns
         if b - a < 2 and not forced:
             continue  # no op in between
         between = prefix_ns[b] - prefix_ns[a + 1]
-        if forced or between >= gap_fraction * fetch_ns(fast):
-            chosen.append((nb, "head" if nb == 0 and ti.producer is None else "mid"))
+        kind = "head" if nb == 0 and ti.producer is None else "mid"
+        worth = forced or between >= gap_fraction * fetch_ns(fast) if ti.tiers and offload else forced
+        # A re-run costs its duration however long the gap: every mid gap with an op in it is a candidate.
+        if worth or (kind == "mid" and remat is not None):
+            chosen.append((nb, kind))
     if not chosen:
         ti.gaps = ()
         return
@@ -393,18 +463,28 @@ def _add_gaps(graph, hw, scale, ti: TensorInfo, gaps, slots, ref, pos, prefix_ns
     ids = []
     for nb, kind in chosen:
         version = sum(1 for u in users[:nb] if u in ti.updaters)
+        rm = remat(users[nb]) if remat is not None and kind == "mid" else None
+        # Offloading by choice is off (remat only): only the gaps a pinned placement forces keep their tiers.
+        forced_gap = kind == "init" or (kind == "end" and (restore or droppable))
+        real = ti.tiers if (offload or forced_gap) else ()
+        gap_tiers = real + ((RECOMPUTE,) if rm is not None else ())
+        if not gap_tiers:
+            continue
         # A free tensor's end gap is offloaded only with its init gap, so its home copy is valid at version 0.
         valid_home = (ti.starts_remote or (ti.free and kind in ("init", "end"))) and version == 0
-        needs_store = not valid_home and not (droppable and kind == "end") and kind != "init"
+        needs_store = not valid_home and not (droppable and kind == "end") and kind != "init" and bool(real)
         before = max_before[nb]
         if not before and ti.producer is not None:
             before = (ti.producer,)
-        g = Gap(len(gaps), ti.index, nb, kind, before, min_after[nb] if nb < n else (), version, None, ti.tiers,
+        g = Gap(len(gaps), ti.index, nb, kind, before, min_after[nb] if nb < n else (), version, None, gap_tiers,
                 placement=ti.free and kind == "init", required=restore and kind == "end",
-                store_unless_placed=ti.free and version == 0 and kind == "mid")
+                store_unless_placed=ti.free and version == 0 and kind == "mid", remat=rm)
         if g.has_fetch:
-            g.fetch_ns = {r: fetch_ns(r) for r in ti.tiers}
+            g.fetch_ns = {r: fetch_ns(r) for r in real}
             g.fetch = {r: scale.ticks(v) for r, v in g.fetch_ns.items()}
+            if rm is not None:
+                g.fetch_ns[RECOMPUTE] = rm.dur_ns
+                g.fetch[RECOMPUTE] = rm.dur
         if needs_store:
             if version not in versions_slot:
                 writer = ti.producer if version == 0 else ti.updaters[version - 1]
@@ -448,7 +528,7 @@ class Assignment:
 def needs_store(p: Problem, a: Assignment, gap) -> bool:
     """Whether offloading ``gap`` needs its slot's Store (a free tensor that starts remote has a valid copy of its
     first version there)."""
-    if gap.slot is None:
+    if gap.slot is None or a.off.get(gap.index) == RECOMPUTE:
         return False
     return not (gap.store_unless_placed and p.tensors[gap.tensor].placement_gap in a.off)
 

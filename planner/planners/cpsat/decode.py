@@ -12,7 +12,9 @@ in the solution:
   ops do through the compute stream and an explicit wait on each Detach that runs on a link; a Prefetch waits
   for the last compute-stream step that ends before it and for the link Detaches that step does not cover.
 
-Then the executed HBM occupancy never exceeds the solution's, and the executed makespan is no longer. A Detach
+A recompute gap's re-run is a compute-stream step at its solution time (after the link Detaches before it, and
+after the latest Prefetch or re-run of each tensor it reads); its Detach, with no Store, runs on the compute
+stream. Then the executed HBM occupancy never exceeds the solution's, and the executed makespan is no longer. A Detach
 goes as early as the solution allows: when the last user before the gap and the Store (if any) have ended. It
 runs on the compute stream after that user when the user ends last, else on the Store's link after the Store.
 """
@@ -24,9 +26,9 @@ import bisect
 from planner.hardware import HBM
 from planner.placement import plan_placement
 from planner.plan import COMPUTE, Plan, ProgramBuilder
-from planner.planners.cpsat.data import Assignment, Problem, needs_store, op_end
+from planner.planners.cpsat.data import RECOMPUTE, Assignment, Problem, needs_store, op_end
 
-_DETACH, _STORE, _OP, _PREFETCH = 0, 1, 2, 3
+_DETACH, _STORE, _OP, _REDO, _PREFETCH = 0, 1, 2, 3, 4
 
 
 def plan_from_assignment(p: Problem, a: Assignment, planner: str = "cpsat", **kwargs) -> Plan:
@@ -41,6 +43,8 @@ def plan_from_assignment(p: Problem, a: Assignment, planner: str = "cpsat", **kw
             program.store(x)
         elif kind == _DETACH:
             program.detach(time, x)
+        elif kind == _REDO:
+            program.recompute(time, x)
         else:
             program.prefetch(time, x)
     choice = {t.name: a.off.get(t.placement_gap, HBM) if t.free else t.home
@@ -58,7 +62,7 @@ def _events(p: Problem, a: Assignment) -> tuple[list[tuple[int, int, int, int]],
     for g in a.off:
         gap = p.gaps[g]
         if gap.has_fetch:
-            ev.append((a.prefetch[g], _PREFETCH, g, g))
+            ev.append((a.prefetch[g], _REDO if a.off[g] == RECOMPUTE else _PREFETCH, g, g))
         if gap.kind == "init":
             continue
         users_end, last_user = -1, None
@@ -106,6 +110,7 @@ class _Emitter:
         self.link_detach_times: list[int] = []
         self.link_detach_ids: list[int] = []
         self.pending: list[int] = []  # link Detaches the next op waits for
+        self.latest_copy: dict[int, int] = {}  # tensor -> its latest Prefetch or re-run step so far
 
     def op(self, time: int, o: int) -> None:
         """Op ``o``: after the link Detaches since the last op and the latest Prefetch of each tensor it reads."""
@@ -172,3 +177,19 @@ class _Emitter:
         waits.extend(self.link_detach_ids[lo:hi])
         link = p.tiers[self.a.off[g]].fetch_link
         self.prefetch_step[g] = self.pb.prefetch(p.tensors[p.gaps[g].tensor].name, link, waits)
+        self.latest_copy[p.gaps[g].tensor] = self.prefetch_step[g]
+
+    def recompute(self, time: int, g: int) -> None:
+        """Gap ``g``'s re-run of its producer: after the link Detaches since the last compute-stream step (the
+        memory it allocates is free by then) and the latest Prefetch or re-run of each tensor it reads."""
+        p = self.p
+        rm = p.gaps[g].remat
+        waits, self.pending = list(self.pending), []
+        waits += [self.latest_copy[x] for x in rm.inputs if x in self.latest_copy]
+        i = self.pb.recompute(p.ops[rm.op].name, waits)
+        self.prefetch_step[g] = i
+        self.latest_copy[p.gaps[g].tensor] = i
+        self.last_op_start = time
+        self.cs_ends.append(time + rm.dur)
+        self.cs_ids.append(i)
+        self.cs_cover.append(time)

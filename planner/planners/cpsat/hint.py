@@ -4,7 +4,8 @@
 channel, is free and every step it waits for has ended) with the scaled durations. ``assignment_from_plan``
 maps the program onto the problem's gaps and slots: each Detach-to-Prefetch cycle of a tensor becomes the gap
 whose users-before are the users that ran before the Detach; each Store becomes the slot of the version it
-copies. The result hints every variable of the model; ``check`` lists what it violates in the scaled model
+copies; each recompute step becomes the recompute gap of its op's output that it ends. The result hints every
+variable of the model; ``check`` lists what it violates in the scaled model
 (empty: the hint is feasible).
 """
 
@@ -12,7 +13,16 @@ from __future__ import annotations
 
 from planner.cost import transfer_duration_ns
 from planner.plan import COMPUTE, Plan, StepKind
-from planner.planners.cpsat.data import Assignment, Problem, alloc_time, canonical, chain, needs_store, op_end
+from planner.planners.cpsat.data import (
+    RECOMPUTE,
+    Assignment,
+    Problem,
+    alloc_time,
+    canonical,
+    chain,
+    needs_store,
+    op_end,
+)
 from planner.timeline import peak_of_intervals
 
 
@@ -29,7 +39,7 @@ def tick_times(p: Problem, plan: Plan) -> list[tuple[int, int]]:
         ready = max((out[w][1] for w in s.waits), default=0)
         if s.stream == COMPUTE:
             start = max(compute_free, ready)
-            end = start + (p.ops[index[s.target]].dur if s.kind is StepKind.COMPUTE else 0)
+            end = start + (p.ops[index[s.target]].dur if s.kind.runs_op else 0)
             compute_free = end
             out.append((start, end))
             continue
@@ -61,6 +71,9 @@ def offload_cycles(graph, plan: Plan, times) -> list[tuple[str, int]]:
         if s.kind in (StepKind.DETACH, StepKind.PREFETCH):
             starts = users_start.get(s.target, [])
             out.add((s.target, sum(1 for u in starts if u < times[i][0])))
+        elif s.kind is StepKind.RECOMPUTE:
+            for t in graph.op(s.target).outputs:
+                out.add((t, sum(1 for u in users_start.get(t, []) if u < times[i][0])))
     return sorted(out)
 
 
@@ -80,7 +93,10 @@ def assignment_from_plan(p: Problem, plan: Plan, times: list[tuple[int, int]]) -
     slot_of = {(sl.tensor, sl.version): sl for sl in p.slots}
     per_tensor: dict[int, list[int]] = {}
     for i, s in enumerate(plan.steps):
-        if s.kind is not StepKind.COMPUTE:
+        if s.kind is StepKind.RECOMPUTE:
+            for t in g.op(s.target).outputs:
+                per_tensor.setdefault(tindex[t], []).append(i)
+        elif s.kind is not StepKind.COMPUTE:
             per_tensor.setdefault(tindex[s.target], []).append(i)
     for k, steps in per_tensor.items():
         t = p.tensors[k]
@@ -118,6 +134,13 @@ def assignment_from_plan(p: Problem, plan: Plan, times: list[tuple[int, int]]) -
                 open_gap = gap.index
                 if gap.kind == "end":
                     a.off[gap.index] = a.off.get(gap.index) or _end_tier(p, a, gap)
+            elif s.kind is StepKind.RECOMPUTE:
+                if RECOMPUTE not in gap.tiers:
+                    notes.append(f"recompute of {t.name!r} (step {i}) maps to no recompute candidate")
+                    continue
+                a.prefetch[gap.index] = when
+                a.off[gap.index] = RECOMPUTE
+                open_gap = None
             else:
                 a.prefetch[gap.index] = when
                 a.off[gap.index] = links[s.stream].tier
@@ -146,11 +169,17 @@ def assignment_from_plan(p: Problem, plan: Plan, times: list[tuple[int, int]]) -
                 a.off.pop(end.index, None)
         elif end.required:
             a.off.setdefault(end.index, t.home)
+    remat_ends: dict[int, int] = {}
+    for gi, (_s, e) in remat_intervals(p, a).items():
+        for x in p.gaps[gi].remat.inputs:
+            remat_ends[x] = max(remat_ends.get(x, 0), e)
     for t in p.tensors:
         if t.modelled and not t.until_end:
             ends = [op_end(p, a, u) for u in t.users]
             if t.producer is not None:
                 ends.append(op_end(p, a, t.producer))
+            if t.index in remat_ends:
+                ends.append(remat_ends[t.index])
             a.freed[t.index] = max(ends, default=alloc_time(p, a, t))
     # Slots whose Store no offloaded gap needs are dropped.
     needed = {p.gaps[gi].slot for gi in a.off if needs_store(p, a, p.gaps[gi])}
@@ -173,10 +202,20 @@ def check(p: Problem, a: Assignment, lo: int = 0, hi: int | None = None) -> list
     hi = p.horizon if hi is None else hi
     out: list[str] = []
     ops = p.ops
-    order = sorted(range(len(ops)), key=lambda o: a.start[o])
-    for x, y in zip(order, order[1:]):
-        if op_end(p, a, x) > a.start[y]:
-            out.append(f"ops {ops[x].name!r} and {ops[y].name!r} overlap")
+    runs = [(a.start[o], op_end(p, a, o), ops[o].name) for o in range(len(ops))]
+    for g, (s, e) in remat_intervals(p, a).items():
+        runs.append((s, e, f"re-run of {ops[p.gaps[g].remat.op].name}"))
+        if s < op_end(p, a, p.gaps[g].remat.op):
+            out.append(f"gap {g}: re-run before {ops[p.gaps[g].remat.op].name!r} first ends")
+    runs.sort()
+    for (_s, e, x), (s2, _e2, y) in zip(runs, runs[1:]):
+        if e > s2:
+            out.append(f"{x!r} and {y!r} overlap on the compute stream")
+    for g, (s, e) in remat_intervals(p, a).items():
+        for x in p.gaps[g].remat.inputs:
+            tx = p.tensors[x]
+            if tx.modelled and not any(a0 <= s and e <= b0 for a0, b0 in chain(p, a, tx)):
+                out.append(f"gap {g}: the re-run reads {tx.name!r}, which is not on HBM throughout")
     for o in ops:
         for q in o.preds:
             if op_end(p, a, q) > a.start[o.index]:
@@ -197,6 +236,9 @@ def check(p: Problem, a: Assignment, lo: int = 0, hi: int | None = None) -> list
                 out.append(f"gap {gi} of {name!r}: not offloaded but X != Y")
             continue
         tier = a.off[gi]
+        if tier not in gap.tiers:
+            out.append(f"gap {gi} of {name!r}: {tier!r} is not one of its tiers")
+            continue
         if gap.kind != "init":
             for u in gap.before:
                 if op_end(p, a, u) > a.detach[gi]:
@@ -221,7 +263,7 @@ def check(p: Problem, a: Assignment, lo: int = 0, hi: int | None = None) -> list
     for si, tier in a.store.items():
         stored.setdefault(p.slots[si].tensor, set()).add(tier)
     for t in p.tensors:
-        used = {a.off[g] for g in t.gaps if g in a.off} | stored.get(t.index, set())
+        used = {a.off[g] for g in t.gaps if g in a.off and a.off[g] != RECOMPUTE} | stored.get(t.index, set())
         if len(used) > 1:
             out.append(f"{t.name!r} offloaded to several tiers {sorted(used)}")
     for name, ivs in transfer_intervals(p, a).items():
@@ -245,7 +287,7 @@ def transfer_intervals(p: Problem, a: Assignment) -> dict[str, list[tuple[int, i
     out: dict[str, list[tuple[int, int, str]]] = {name: [] for name in p.links}
     for gi, tier in a.off.items():
         gap = p.gaps[gi]
-        if gap.has_fetch:
+        if gap.has_fetch and tier != RECOMPUTE:
             out[p.tiers[tier].fetch_link].append((a.prefetch[gi], a.prefetch[gi] + gap.fetch[tier], f"fetch g{gi}"))
     for si, tier in a.store.items():
         s = p.slots[si]
@@ -253,8 +295,14 @@ def transfer_intervals(p: Problem, a: Assignment) -> dict[str, list[tuple[int, i
     return out
 
 
+def remat_intervals(p: Problem, a: Assignment) -> dict[int, tuple[int, int]]:
+    """Recompute gap -> (start, end) of its re-run on the compute stream, for every gap ``a`` recomputes."""
+    return {gi: (a.prefetch[gi], a.prefetch[gi] + p.gaps[gi].fetch[RECOMPUTE])
+            for gi, tier in a.off.items() if tier == RECOMPUTE}
+
+
 def memory_items(p: Problem, a: Assignment) -> list[tuple[int, int, int]]:
-    """(start, end, units) of every HBM residency and workspace in ``a``."""
+    """(start, end, units) of every HBM residency and workspace in ``a`` (re-runs' workspaces included)."""
     items = []
     for t in p.tensors:
         if t.modelled:
@@ -262,6 +310,9 @@ def memory_items(p: Problem, a: Assignment) -> list[tuple[int, int, int]]:
     for o in p.ops:
         if o.ws:
             items.append((a.start[o.index], op_end(p, a, o.index), o.ws))
+    for gi, (s, e) in remat_intervals(p, a).items():
+        if p.gaps[gi].remat.ws:
+            items.append((s, e, p.gaps[gi].remat.ws))
     return items
 
 

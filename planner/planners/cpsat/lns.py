@@ -24,7 +24,7 @@ from planner.executor import occupancy, simulate
 from planner.hardware import HBM
 from planner.plan import Plan
 from planner.planners.cpsat import worker
-from planner.planners.cpsat.data import Assignment, Problem, op_end
+from planner.planners.cpsat.data import RECOMPUTE, Assignment, Problem, op_end
 from planner.planners.cpsat.decode import plan_from_assignment
 from planner.planners.cpsat.hint import assignment_from_plan, check, tick_times
 from planner.planners.cpsat.model import Frame, Model
@@ -124,7 +124,7 @@ def _search(run: Run, p: Problem, inc: Incumbent, objective: str, limit_ns: int 
     n = len(p.ops)
     tried: set[tuple[int, int, int]] = set()
     while True:
-        if inc.makespan <= compute:
+        if inc.makespan <= compute and inc.timeline.valid:
             run.notes.append("the makespan reached the compute bound: optimal")
             run.record.stop = "compute_bound"
             break
@@ -359,7 +359,9 @@ def _free_gap(p: Problem, a: Assignment, w: _Window, f: Frame, g: int) -> None:
         return
     on = g in a.off
     tier = a.off.get(g)
-    fetch_ok = not gap.has_fetch or (on and w.inside(a.prefetch[g], a.prefetch[g] + gap.fetch[tier]))
+    # A re-run moves among the window's ops only, a transfer anywhere in the region.
+    top = w.ops_hi if tier == RECOMPUTE else w.hi
+    fetch_ok = not gap.has_fetch or (on and w.lo <= a.prefetch[g] and a.prefetch[g] + gap.fetch[tier] <= top)
     slot_ok = gap.slot is None or _slot_movable(p, a, gap.slot, w.lo, w.hi, w.before_end)
     if gap.kind == "init":
         if fetch_ok and w.inside(a.prefetch[g], a.prefetch[g] + gap.fetch[tier]):

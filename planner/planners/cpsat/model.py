@@ -15,6 +15,7 @@ Families:
   before every Detach that relies on it;
 - tiers: one remote tier per offloaded tensor, each tier's capacity;
 - links: a NoOverlap per one-channel link, a Cumulative where a link has several channels;
+- remats: a recompute gap's re-run after the op's first run, with its inputs on HBM throughout;
 - memory: each tensor's HBM residencies (alloc to first Detach, each Prefetch start to the next Detach, the
   last to the last use or the end) and every op's workspace in one Cumulative of capacity the budget;
 - objective: makespan (ties broken by bytes moved), or peak HBM under a makespan limit.
@@ -38,7 +39,7 @@ class Model(Variables):
                  tie_weight: bool = True) -> None:
         super().__init__(p, f, objective, makespan_limit, tie_weight)
         for family in (constraints.ops, constraints.gaps, constraints.slots, constraints.tiers, constraints.links,
-                       constraints.memory, constraints.ends, constraints.detach_times):
+                       constraints.memory, constraints.remats, constraints.ends, constraints.detach_times):
             family(self)
         objectives.objective(self)
 

@@ -108,6 +108,8 @@ class Run:
     sim_s: float = 0.0  # the longest executor run (without the allocator model) so far: estimates the next ones
     log_sink: LogSink | None = None  # receives CP-SAT's search log, line by line
     interrupted: bool = False  # Ctrl-C stopped the search: finish with the best plan so far, search no more
+    recompute: bool = True  # recompute gaps in the model, and in the starting plans
+    offload: bool = True  # offloading by choice (False: remat only, the Checkmate problem)
 
     @classmethod
     def start(cls, graph: Graph, hw: Hardware, time_limit: float, seed: int = 0, workers: int = 1,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from ortools.sat.python import cp_model
 from ortools.util.python import sorted_interval_list
 
-from planner.planners.cpsat.data import Problem
+from planner.planners.cpsat.data import RECOMPUTE, Problem
 from planner.planners.cpsat.frame import Frame
 
 
@@ -46,6 +46,7 @@ class Variables:
         self.makespan = None  # (M)
         self.peak = None  # peak HBM, for the peak objective (P)
         self.op_iv: dict[int, object] = {}  # op -> its interval (constraints.ops)
+        self.remat_iv: dict[int, object] = {}  # recompute gap -> its re-run's interval (constraints.ops)
         self.fixed_transfer_end = 0  # the latest fixed transfer (constraints.links)
         self.mem_base = None  # the fixed HBM profile under the window (constraints.memory)
         self.tie_max = 0  # the tie-break's largest value (objective)
@@ -98,7 +99,7 @@ class Variables:
     def incumbent_tier(self, t: int) -> str | None:
         inc = self.f.inc
         for g in self.p.tensors[t].gaps:
-            if g in inc.off:
+            if g in inc.off and inc.off[g] != RECOMPUTE:
                 return inc.off[g]
         return None
 

@@ -130,7 +130,7 @@ def test_lns_path_gives_a_valid_plan_no_worse_than_the_start():
     g = api.load_graph(GRAPHS / "transformer_block.json")
     hw = api.hardware("ascend-910c", hbm="1GB")
     seen = []
-    plan = plan_cpsat(g, hw, time_limit=4, workers=1, whole_max_ops=10, window_ops=12, progress=seen.append)
+    plan = plan_cpsat(g, hw, time_limit=8, workers=1, whole_max_ops=10, window_ops=12, progress=seen.append)
     tl = simulate(g, hw, plan)
     assert tl.valid
     st = plan.stats["cpsat"]
