@@ -35,6 +35,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from planner.bounds import hbm_floor, initial_hbm_bytes, largest_working_set
 from planner.executor import simulate
 from planner.graph import Graph
@@ -265,7 +267,7 @@ def _plan_checked(ctx: Context, settings: Settings, budget: int, name: str) -> t
     variants = []
     if "recompute" in used:
         variants.append(Answers(recompute=False))
-    if "offload" in used and any(g.recompute is not None for g in ctx.gaps):
+    if "offload" in used and _remat_may_fit(ctx, budget):
         variants.append(Answers(offload=False))
     for variant in variants:
         alt = build_plan(ctx, settings, budget, name, variant)
@@ -275,6 +277,23 @@ def _plan_checked(ctx: Context, settings: Settings, budget: int, name: str) -> t
         if checked[0] < best[0]:
             best = checked
     return best[1], best[2]
+
+
+def _remat_may_fit(ctx: Context, budget: int) -> bool:
+    """Whether a remat-only plan could fit ``budget`` at all: with every recompute gap and every mandatory gap taken
+    at its widest (more than any selection can take together), no op is over. A necessary condition, in one pass:
+    on the paper's inference graphs, whose KV caches and weights must move, it spares building a plan that cannot
+    fit."""
+    free = np.zeros(ctx.n + 1, dtype=np.int64)
+    any_remat = False
+    for g in ctx.gaps:
+        if (g.recompute is not None or g.mandatory) and g.hi > g.lo:
+            any_remat = any_remat or g.recompute is not None
+            free[g.lo] += g.bytes
+            free[g.hi] -= g.bytes
+    if not any_remat:
+        return False
+    return bool(ctx.n == 0 or (ctx.base - np.cumsum(free[:-1])).max() <= budget)
 
 
 def _checked(ctx: Context, plan: Plan) -> tuple[tuple, Plan, Timeline]:
