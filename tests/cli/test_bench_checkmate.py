@@ -8,13 +8,13 @@ import json
 
 import pytest
 from click.testing import CliRunner
+from conftest import SHARED
 
 from planner import api, bench
 from planner.cli import main
 from planner.executor import simulate
 from planner.hardware import HBM
 from planner.planners.none import plan_none
-from tests.conftest import SHARED
 
 CHECKMATE = SHARED / "graphs" / "checkmate"
 needs_shared = pytest.mark.skipif(not CHECKMATE.is_dir(), reason="../shared/graphs/checkmate is not here")
