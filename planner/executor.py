@@ -379,10 +379,9 @@ def _time_steps(prog: _Program, delays: dict[int, int] | None = None) -> _Times:
 
 
 # Replay events. Their priority at equal times (``_EVENT_PRIORITY``): ends, then frees, then starts.
-(_E_OP_START, _E_OP_END, _E_PREFETCH_START, _E_STORE_START, _E_STORE_END, _E_DETACH, _E_DIES, _E_REDO_START,
- _E_REDO_END) = range(9)
-_EVENT_PRIORITY = np.array([_START, _OP_END, _START, _START, _STORE_END, _FREE, _FREE, _START, _OP_END],
-                           dtype=np.int8)
+# A recompute step ends as an op does (its op writes nothing in place): _E_OP_END.
+_E_OP_START, _E_OP_END, _E_PREFETCH_START, _E_STORE_START, _E_STORE_END, _E_DETACH, _E_DIES, _E_REDO_START = range(8)
+_EVENT_PRIORITY = np.array([_START, _OP_END, _START, _START, _STORE_END, _FREE, _FREE, _START], dtype=np.int8)
 # A step's start event, by step kind.
 _START_EVENT = np.array([_E_OP_START, _E_PREFETCH_START, _E_STORE_START, _E_DETACH, _E_REDO_START], dtype=np.int8)
 
@@ -424,7 +423,7 @@ def _events(prog: _Program, arrays: tuple[np.ndarray, np.ndarray]) -> tuple[list
     starts, ends = arrays
     step = np.arange(n, dtype=np.int64)
     has_end = (kind == _K_COMPUTE) | (kind == _K_STORE) | (kind == _K_RECOMPUTE)
-    end_event = np.array([_E_OP_END, -1, _E_STORE_END, -1, _E_REDO_END], dtype=np.int8)[kind[has_end]]
+    end_event = np.array([_E_OP_END, -1, _E_STORE_END, -1, _E_OP_END], dtype=np.int8)[kind[has_end]]
 
     last_use = np.zeros(prog.n_tensors, dtype=np.int64)
     op_ends = ends[prog.op_step]
@@ -655,17 +654,7 @@ def _replay(prog: _Program, times: _Times, start: dict[str, str], log_hbm: bool)
                 alloc_end.append(-1)
                 if log is not None:
                     log(AllocRecord(now, ALLOC, alloc_names[w], op_workspace[o], i))
-        elif code == _E_REDO_END:
-            o = target[i]
-            for t in op_reads[o]:
-                pins[t] -= 1
-            if op_workspace[o]:
-                w = n_tensors + o
-                alloc_end[hbm_open[w]] = now
-                hbm_open[w] = -1
-                if log is not None:
-                    log(AllocRecord(now, FREE, alloc_names[w], op_workspace[o]))
-        else:  # _E_OP_END
+        else:  # _E_OP_END (of an op or a recompute step)
             o = target[i]
             for t in op_reads[o]:
                 pins[t] -= 1
