@@ -22,6 +22,10 @@ Suite (each at 60%, 70%, 80% and 90% of the graph's no-offload HBM peak, unless 
   free), generated on the fly, on ``ascend-910c`` and on ``cloudmatrix384``: slow (minutes per planner), so
   only when named.
 
+The ``backend`` suite is separate too (``planner/bench_backends.py``): Ray's overhead against the local pool on
+these cases, and a sweep that loses a Ray worker mid-run. Cases run through ``run_cases`` on a backend
+(``planner.backends``): one point per budget and planner, each case's graph shipped once.
+
 The ``scale`` suite is separate (``run_scale``): it generates the two large DeepSeek-V3 + NSA inference graphs
 (``SCALE_GRAPHS``, weights on the host) and times the greedy command end to end, the greedy planner alone, and
 the executor (steps per second, without an allocator model, with the caching allocator, and with the plan's
@@ -49,6 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from planner import api, bounds, workloads
+from planner.backends import GRAPH_ID, BackendSpec, worker_graph
 from planner.cost import op_durations_ns
 from planner.executor import simulate
 from planner.formats import save_graph
@@ -326,16 +331,14 @@ def no_offload_reference(graph: Graph, preset: str, overrides: dict, order: str 
     return simulate(graph, big, program_none(graph, big, order))
 
 
-def run_case(case: Case, fractions: Iterable[float] | None = None, planners: Iterable[str] | None = None,
-             time_limit: float = 60.0, seed: int = 0, workers: int = 2,
-             progress: Callable[[dict], None] | None = None) -> list[dict]:
-    """Every planner at every budget of one case: one row each. ``fractions``, ``planners``: the case's own when
-    None; planners as ``planner_variant`` reads them. Planners in ``case.once`` run once, with unbounded HBM (their
-    rows' ``budget_fraction`` and ``budget_bytes`` are None): at the peak itself the caching allocator's
-    fragmentation could slow ``none`` down, and the reference is the no-offload plan as such."""
+def case_points(case: Case, graph: Graph, fractions: Iterable[float] | None = None,
+                planners: Iterable[str] | None = None, time_limit: float = 60.0, seed: int = 0, workers: int = 2,
+                graph_id: str = "") -> list[dict]:
+    """The points of one case (``graph`` is ``case.load()``): one per budget and planner, in row order, each with
+    the row's fixed part (``"row"``) and what ``bench_point`` needs to plan it on ``graph`` (named ``graph_id``
+    on the backend). The no-offload reference and the bounds are computed here, once per case and budget."""
     fractions = tuple(fractions) if fractions is not None else case.fractions
     planners = tuple(planners) if planners is not None else case.planners
-    graph = case.load()
     ref = no_offload_reference(graph, case.preset, case.overrides, case.reference_order)
     peak = ref.metrics.peak_bytes[HBM]
     # Inference graphs: prefill and decode latency, against the no-offload plan's.
@@ -348,7 +351,7 @@ def run_case(case: Case, fractions: Iterable[float] | None = None, planners: Ite
     budgets: list[tuple[float | None, list[str]]] = [(None, once)] if once else []
     budgets += [(f, [p for p in planners if p not in once]) for f in fractions]
     minimum, _ = bounds.largest_working_set(graph)
-    rows = []
+    points = []
     for frac, variants in budgets:
         if not variants:
             continue
@@ -358,9 +361,8 @@ def run_case(case: Case, fractions: Iterable[float] | None = None, planners: Ite
             lb = bounds.makespan_bound(graph, hw)
         except Exception:  # noqa: BLE001
             lb = bounds.compute_bound(graph, hw)
-        affordable: bool | None = None  # whether greedy's sweep fits SWEEP_BUDGET_S at this budget, asked once
         for variant in variants:
-            name, text = planner_variant(variant)
+            name, _ = planner_variant(variant)
             row = {"graph": case.name, "suite": case.suite, "hardware": case.preset, "ops": len(graph.ops),
                    "budget_fraction": frac, "budget_bytes": None if frac is None else hw.hbm_bytes,
                    "planner": variant, "no_offload_makespan_us": ref.metrics.makespan_ns / 1000,
@@ -368,69 +370,115 @@ def run_case(case: Case, fractions: Iterable[float] | None = None, planners: Ite
                    "bound_us": lb.value / 1000, "bound_reason": lb.reason, **case.info}
             if frac in case.moccasin:
                 row["moccasin_overhead"] = case.moccasin[frac]
-            if progress:
-                progress({"case": case.name, "fraction": frac, "planner": variant})
-            if hw.hbm_bytes < minimum:
-                row.update(valid=False, note="budget below the largest single-op working set")
-                rows.append(row)
-                continue
             options: dict = {}
-            label = name
-            if name == "greedy":
-                if affordable is None:
-                    affordable = _sweep_affordable(graph, hw)
-                label = "greedy-sweep" if affordable else "greedy"
             if name == "cpsat":
                 options = {"time_limit": time_limit, "seed": seed, "workers": workers}
             if name == "exact":
                 options = {"time_limit": time_limit}
             if name == "none":
                 options = {"order": case.reference_order}
-            t = time.monotonic()
-            try:
-                # The variant's options (text, as -O takes them) for the planner that runs: a planner that does not
-                # take one (cpsat:offload=false before issue 13's options exist) is an invalid row saying so.
-                options.update(api.parse_planner_options(label, text, item=f"--planners {name}"))
-                row["planner_options"] = {k: v for k, v in options.items() if isinstance(v, (bool, int, float, str))}
-                plan = PLANNERS[label](graph, hw, **options)
-            except Exception as exc:  # noqa: BLE001 - a failing planner is a row, not a crash
-                row.update(valid=False, note=f"{type(exc).__name__}: {exc}", solve_time_s=time.monotonic() - t)
-                rows.append(row)
-                continue
-            solve_s = time.monotonic() - t
-            tl = simulate(graph, hw, plan)
-            m = tl.metrics
-            row.update(
-                planner_run=label, valid=tl.valid, status=str(plan.status), makespan_us=m.makespan_ns / 1000,
-                overhead=m.makespan_ns / ref.metrics.makespan_ns - 1 if ref.metrics.makespan_ns else 0.0,
-                peak_hbm_bytes=m.peak_bytes[HBM], bytes_moved=sum(m.bytes_moved.values()),
-                gap_vs_bound=bounds.gap(m.makespan_ns, lb.value) if tl.valid else None,
-                solve_time_s=round(solve_s, 3), defrag_events=m.defrag_events,
-                recompute_steps=sum(1 for st in plan.steps if st.kind is StepKind.RECOMPUTE),
-                recompute_us=m.recompute_ns / 1000,
-                start_placement=bytes_by_kind(graph, plan.placement),
-                # What the plan was made with: the options given (as api.plan records them), and what the planner
-                # chose (greedy-sweep: the winning settings and order), to learn which points win.
-                plan_options={k: v for k, v in {**options, **plan.options}.items()
-                              if isinstance(v, (bool, int, float, str))},
-            )
-            if not tl.valid:
-                # Why there is no valid plan, for the summary: the planner's own word (an infeasible status says
-                # it), else the executor's first violation.
-                row["note"] = "; ".join(plan.notes) or f"{str(plan.status)}: {tl.violations[0].describe()}"
-            if ref_phases is not None:
-                row["no_offload_phases_us"] = ref_phases
-                row["phases_us"] = phase_latencies(plan, tl, decode_steps)
-            ex = plan.stats.get("exact") if isinstance(plan.stats, dict) else None
-            if ex and ex.get("optimum_ns") is not None:
-                row["optimum_us"] = ex["optimum_ns"] / 1000
-            outcome = solver_outcome(plan)
-            if outcome is not None:
-                row["solver"] = {**outcome.to_dict(), "model_optimal": outcome.model_optimal,
-                                 "start_planner": outcome.start_planner, "start_makespan_us": outcome.start_makespan_us}
-                row["notes"] = list(plan.notes)
-            rows.append(row)
-    return rows
+            points.append({"case": case.name, GRAPH_ID: graph_id, "fraction": frac, "planner": variant,
+                           "preset": case.preset, "overrides": case.overrides, "hbm": hbm, "options": options,
+                           "below_minimum": hw.hbm_bytes < minimum, "bound_ns": lb.value,
+                           "reference_makespan_ns": ref.metrics.makespan_ns, "reference_phases": ref_phases,
+                           "decode_steps": decode_steps, "row": row})
+    return points
+
+
+def bench_point(p: dict) -> dict:
+    """One planner at one budget of a case (``case_points``), on the backend's graph: the bench row."""
+    graph = worker_graph()
+    row = dict(p["row"])
+    if p["below_minimum"]:
+        row.update(valid=False, note="budget below the largest single-op working set")
+        return row
+    hw = api.hardware(p["preset"], **{**p["overrides"], "hbm": p["hbm"]})
+    name, text = planner_variant(p["planner"])
+    options = dict(p["options"])
+    # greedy runs its settings sweep when that fits SWEEP_BUDGET_S at this budget (a wall-clock judgement).
+    label = ("greedy-sweep" if _sweep_affordable(graph, hw) else "greedy") if name == "greedy" else name
+    t = time.monotonic()
+    try:
+        # The variant's options (text, as -O takes them) for the planner that runs: a planner that does not
+        # take one (cpsat:offload=false before issue 13's options exist) is an invalid row saying so.
+        options.update(api.parse_planner_options(label, text, item=f"--planners {name}"))
+        row["planner_options"] = {k: v for k, v in options.items() if isinstance(v, (bool, int, float, str))}
+        plan = PLANNERS[label](graph, hw, **options)
+    except Exception as exc:  # noqa: BLE001 - a failing planner is a row, not a crash
+        row.update(valid=False, note=f"{type(exc).__name__}: {exc}", solve_time_s=time.monotonic() - t)
+        return row
+    solve_s = time.monotonic() - t
+    tl = simulate(graph, hw, plan)
+    m = tl.metrics
+    ref_ns = p["reference_makespan_ns"]
+    row.update(
+        planner_run=label, valid=tl.valid, status=str(plan.status), makespan_us=m.makespan_ns / 1000,
+        overhead=m.makespan_ns / ref_ns - 1 if ref_ns else 0.0,
+        peak_hbm_bytes=m.peak_bytes[HBM], bytes_moved=sum(m.bytes_moved.values()),
+        gap_vs_bound=bounds.gap(m.makespan_ns, p["bound_ns"]) if tl.valid else None,
+        solve_time_s=round(solve_s, 3), defrag_events=m.defrag_events,
+        recompute_steps=sum(1 for st in plan.steps if st.kind is StepKind.RECOMPUTE),
+        recompute_us=m.recompute_ns / 1000,
+        start_placement=bytes_by_kind(graph, plan.placement),
+        # What the plan was made with: the options given (as api.plan records them), and what the planner
+        # chose (greedy-sweep: the winning settings and order), to learn which points win.
+        plan_options={k: v for k, v in {**options, **plan.options}.items()
+                      if isinstance(v, (bool, int, float, str))},
+    )
+    if not tl.valid:
+        # Why there is no valid plan, for the summary: the planner's own word (an infeasible status says
+        # it), else the executor's first violation.
+        row["note"] = "; ".join(plan.notes) or f"{str(plan.status)}: {tl.violations[0].describe()}"
+    if p["reference_phases"] is not None:
+        row["no_offload_phases_us"] = p["reference_phases"]
+        row["phases_us"] = phase_latencies(plan, tl, p["decode_steps"])
+    ex = plan.stats.get("exact") if isinstance(plan.stats, dict) else None
+    if ex and ex.get("optimum_ns") is not None:
+        row["optimum_us"] = ex["optimum_ns"] / 1000
+    outcome = solver_outcome(plan)
+    if outcome is not None:
+        row["solver"] = {**outcome.to_dict(), "model_optimal": outcome.model_optimal,
+                         "start_planner": outcome.start_planner, "start_makespan_us": outcome.start_makespan_us}
+        row["notes"] = list(plan.notes)
+    return row
+
+
+def _bench_error(p: dict, reason: str) -> dict:
+    """The row of a point whose task failed (its Ray worker died twice): invalid, with the reason."""
+    return {**p["row"], "valid": False, "status": "error", "note": reason}
+
+
+def run_cases(cases: Iterable[Case], fractions: Iterable[float] | None = None, planners: Iterable[str] | None = None,
+              time_limit: float = 60.0, seed: int = 0, workers: int = 2,
+              progress: Callable[[dict], None] | None = None, backend: BackendSpec | None = None) -> list[dict]:
+    """Every planner at every budget of every case, one row each in case, budget and planner order; the points
+    run on ``backend`` (default: one by one in this process), each case's graph shipped to it once.
+    ``progress(d)`` as each point finishes: ``case``, ``fraction``, ``planner``, ``done``, ``total``."""
+    graphs, points = {}, []
+    for i, case in enumerate(cases):
+        gid = f"{i}:{case.name}"
+        graphs[gid] = case.load()
+        points += case_points(case, graphs[gid], fractions, planners, time_limit, seed, workers, gid)
+    spec = backend if backend is not None else BackendSpec()
+    rows: list[dict | None] = [None] * len(points)
+    with spec.open(graphs) as b:
+        for done, (i, row) in enumerate(b.imap(bench_point, points, on_error=_bench_error), 1):
+            rows[i] = row
+            if progress:
+                p = points[i]
+                progress({"case": p["case"], "fraction": p["fraction"], "planner": p["planner"], "done": done,
+                          "total": len(points)})
+    return rows  # type: ignore[return-value]
+
+
+def run_case(case: Case, fractions: Iterable[float] | None = None, planners: Iterable[str] | None = None,
+             time_limit: float = 60.0, seed: int = 0, workers: int = 2,
+             progress: Callable[[dict], None] | None = None, backend: BackendSpec | None = None) -> list[dict]:
+    """Every planner at every budget of one case: one row each. ``fractions``, ``planners``: the case's own when
+    None; planners as ``planner_variant`` reads them. Planners in ``case.once`` run once, with unbounded HBM (their
+    rows' ``budget_fraction`` and ``budget_bytes`` are None): at the peak itself the caching allocator's
+    fragmentation could slow ``none`` down, and the reference is the no-offload plan as such."""
+    return run_cases([case], fractions, planners, time_limit, seed, workers, progress, backend)
 
 
 def _median(values: list[float]) -> float:
@@ -543,5 +591,5 @@ def run_scale(workdir: Path, hbm: str = SCALE_HBM, layers: int | None = None, re
 
 __all__ = ["Case", "CHECKMATE_FRACTIONS", "CHECKMATE_GRAPHS", "CHECKMATE_PLANNERS", "FRACTIONS", "MOCCASIN_120S",
            "SCALE_GRAPHS", "SCALE_HBM", "checkmate_cases", "compare", "generated_graph", "moccasin_match",
-           "no_offload_reference", "planner_summary", "planner_variant", "run_case", "run_scale", "small_graphs",
-           "suite", "true_gaps"]
+           "no_offload_reference", "planner_summary", "planner_variant", "run_case", "run_cases", "case_points",
+           "bench_point", "run_scale", "small_graphs", "suite", "true_gaps"]

@@ -46,7 +46,7 @@ def import_graph() -> nx.DiGraph:
 
 
 # Optional extras, imported where they are used so that the package loads without them.
-OPTIONAL = ("onnxruntime",)
+OPTIONAL = ("onnxruntime", "ray")
 
 
 def test_every_import_is_at_the_top_of_its_module():

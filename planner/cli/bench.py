@@ -19,7 +19,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from planner import api, bench
+from planner import api, bench, bench_backends
+from planner.cli.backend import backend_options, backend_spec
 from planner.cli.main import command_line, main, run_guarded
 from planner.errors import InputError
 from planner.fileio import write_atomic
@@ -36,6 +37,8 @@ Examples:
   ho-plan bench --suite scale -o scale.json            # greedy and executor speed on the 29k/39k-op graphs
   ho-plan bench --suite checkmate --markdown checkmate.md   # remat-only and joint against Moccasin (issue 13)
   ho-plan bench --suite checkmate --only VGG16 --planners none,greedy --time-limit 10
+  ho-plan bench --quick --time-limit 10 --backend ray --ray-address auto -o quick.json   # on a Ray cluster
+  ho-plan bench --suite backend --quick --time-limit 10 --jobs 2 --markdown ray.md   # Ray against local, faults
 """
 
 
@@ -46,7 +49,9 @@ Examples:
                    "greedy and cpsat joint and offload=false, against Moccasin), generated, onnx "
                    "(tests/fixtures/onnx), small (up to 12 ops, with --planners ...,exact), fullsize "
                    "(DeepSeek-V3 + NSA 64k, 61 layers, on two presets: slow); or "
-                   "scale (greedy and executor speed on the DeepSeek-V3 + NSA 64k and 128k graphs, see --scale-*).")
+                   "scale (greedy and executor speed on the DeepSeek-V3 + NSA 64k and 128k graphs, see --scale-*); "
+                   "or backend (the --quick cases on the local pool and on Ray, then a 33-point sweep on Ray with "
+                   "a worker killed mid-run: needs the ray extra).")
 @click.option("--quick", is_flag=True, help="Only transformer_block, DeepSeek-V3+NSA 64k and the 1k generated graph.")
 @click.option("--only", "only", multiple=True, help="Keep the graphs whose name contains this (repeatable).")
 @click.option("--budgets", default=None,
@@ -57,7 +62,11 @@ Examples:
                    f"{','.join(bench.CHECKMATE_PLANNERS)}].")
 @click.option("--time-limit", type=float, default=60.0, show_default=True, help="cpsat's limit per case (s).")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--workers", type=int, default=2, show_default=True)
+@click.option("--workers", type=int, default=2, show_default=True,
+              help="cpsat's worker threads: the CPUs each cpsat point asks of the backend.")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Local worker processes for the points (--backend local); cpsat points take --workers of them.")
+@backend_options()
 @click.option("--scale-hbm", default=None, help="scale suite: HBM budget (default 53.8GB).")
 @click.option("--scale-layers", type=int, default=None, help="scale suite: layers per graph (default: the presets').")
 @click.option("--repeats", type=int, default=1, show_default=True, help="scale suite: executor runs (best kept).")
@@ -65,20 +74,33 @@ Examples:
 @click.option("--markdown", type=click.Path(dir_okay=False),
               help="Also write the table and its summary as a Markdown page (e.g. docs/measured/bench-quick.md), "
                    "headed by the command that made it: measured figures in the docs come from here, not by hand.")
-def bench_cmd(suites, quick, only, budgets, planners, time_limit, seed, workers, scale_hbm, scale_layers, repeats,
-              output, markdown):
-    """Run the benchmark suite and print greedy against cpsat per graph and budget."""
+def bench_cmd(suites, quick, only, budgets, planners, time_limit, seed, workers, jobs, backend_name, ray_address,
+              resume, scale_hbm, scale_layers, repeats, output, markdown):
+    """Run the benchmark suite and print greedy against cpsat per graph and budget.
+
+    With -o, every row is also kept in OUTPUT.points.jsonl as it finishes; --resume skips the rows found there.
+    """
 
     def go():
         names_given = [s.strip() for s in suites.split(",") if s.strip()]
+        for alone in ("scale", "backend"):
+            if alone in names_given and len(names_given) > 1:
+                raise InputError("command line", "--suite", f"{alone} runs on its own")
         if "scale" in names_given:
-            if len(names_given) > 1:
-                raise InputError("command line", "--suite", "scale runs on its own")
             _scale(bench, scale_hbm or bench.SCALE_HBM, scale_layers, repeats, output, markdown)
             return
 
         fractions = _fractions(budgets) if budgets is not None else None
         names = _planners(planners) if planners is not None else None
+        if resume and not output:
+            raise InputError("command line", "--resume", "needs -o: the checkpoint is OUTPUT.points.jsonl")
+        if "backend" in names_given:
+            if backend_name != "local":
+                raise InputError("command line", "--backend", "the backend suite runs both backends itself")
+            backend_spec("ray", jobs, ray_address)  # ray installed, or one line saying so
+            _backends(quick, only, fractions, names, time_limit, seed, workers, jobs, ray_address, output, markdown)
+            return
+        spec = backend_spec(backend_name, jobs, ray_address, f"{output}.points.jsonl" if output else None, resume)
         err = Console(stderr=True)
         if "checkmate" in names_given and not quick:  # --quick has no checkmate graph
             found, missing = bench.checkmate_cases(bench.ROOT.parent / "shared")
@@ -89,16 +111,15 @@ def bench_cmd(suites, quick, only, budgets, planners, time_limit, seed, workers,
         cases = bench.suite(names_given, quick=quick, only=only)
         if not cases:
             raise InputError("command line", "--only", "no benchmark case matches")
-        rows: list[dict] = []
         t0 = time.monotonic()
-        for case in cases:
-            def progress(d, case=case):
-                err.print(f"[dim]{time.monotonic() - t0:7.1f} s[/] {d['case']} at {_budget(d['fraction'])}: "
-                          f"{escape(d['planner'])}", highlight=False)
 
-            rows.extend(bench.run_case(case, fractions, names, time_limit, seed, workers, progress))
-            if output:
-                write_atomic(output, json.dumps({"rows": rows, "comparison": bench.compare(rows)}, indent=1))
+        def progress(d):
+            err.print(f"[dim]{time.monotonic() - t0:7.1f} s {d['done']}/{d['total']}[/] {d['case']} at "
+                      f"{_budget(d['fraction'])}: {escape(d['planner'])}", highlight=False)
+
+        rows = bench.run_cases(cases, fractions, names, time_limit, seed, workers, progress, spec)
+        if output:
+            write_atomic(output, json.dumps({"rows": rows, "comparison": bench.compare(rows)}, indent=1))
         summary: list[str] = []
         for r in rows:
             if r.get("valid") and r.get("phases_us"):
@@ -199,6 +220,39 @@ def bench_markdown(title: str, headers: list[str], cells: list[list[str]], summa
     if summary:
         body += ["", "```text", *summary, "```"]
     return "\n".join(body) + "\n"
+
+
+def _backends(quick, only, fractions, planners, time_limit, seed, workers, jobs, address, output, markdown) -> None:
+    """The backend suite: Ray's overhead against the local pool on the bench cases, then the fault run."""
+    err = Console(stderr=True)
+    t0 = time.monotonic()
+
+    def log(m: str) -> None:
+        err.print(f"[dim]{time.monotonic() - t0:7.1f} s[/] {escape(m)}", highlight=False)
+
+    cost = bench_backends.overhead(quick, only, fractions, planners, time_limit, seed, workers, jobs, address, log)
+    hurt = bench_backends.fault(address, log)
+    if output:
+        write_atomic(output, json.dumps({"overhead": cost, "fault": hurt}, indent=1))
+    what = "bench --quick" if quick else "bench"
+    headers = ["run", "points", "wall time", "result"]
+    cells = [
+        [f"{what}, local pool (--jobs {jobs})", str(cost["points"]), f"{cost['local_s']:.1f} s", ""],
+        [f"{what}, ray", str(cost["points"]), f"{cost['ray_s']:.1f} s",
+         f"overhead {cost['overhead']:+.1%}; {cost['rows_equal']} of {cost['points']} rows equal, "
+         f"{cost['errors']} errors"],
+        [f"sweep budget {hurt['graph']}, ray, clean", str(hurt["points"]), f"{hurt['clean_s']:.1f} s", ""],
+        ["the same, one worker SIGKILLed mid-task", str(hurt["present"]), f"{hurt['faulty_s']:.1f} s",
+         f"{hurt['identical']} of {hurt['points']} points identical, {hurt['errors']} errors; killed "
+         + (", ".join(f"pid {k['pid']} at {k['after_s']} s" for k in hurt["killed"]) or "nothing (no busy worker)")],
+    ]
+    summary = [f"cases: {', '.join(cost['cases'])}; cpsat --time-limit {time_limit:g} s, --workers {workers} "
+               f"(a cpsat point asks for {workers} CPUs on either backend; rows differ where a time-limited "
+               "multi-worker cpsat run does)",
+               f"fault sweep: {', '.join(hurt['planners'])} at {len(hurt['fractions'])} budgets "
+               f"({hurt['fractions'][0]:g} to {hurt['fractions'][-1]:g} of the no-offload peak); points compared "
+               "with the clean run's, timing aside"]
+    _show("ho-plan bench --suite backend", headers, cells, summary, markdown)
 
 
 def _scale(bench, hbm: str, layers: int | None, repeats: int, output: str | None, markdown: str | None) -> None:

@@ -19,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from planner import api
+from planner.cli.backend import backend_options, backend_spec
 from planner.cli.main import (
     OneLineGroup,
     _option_value,
@@ -55,6 +56,7 @@ Examples:
   ho-plan sweep bandwidth graphs/transformer_block.json --hbm 1.5GB --bandwidths 20,33.6,70,400 --jobs 4
   ho-plan sweep seqlen inference --hbm 7.5GB -G layers=2 -G block=1024 \\
       --range 8192:262144 --jobs 4
+  ho-plan sweep budget graphs/transformer_block.json --backend ray --ray-address auto --resume
 """
 
 
@@ -151,7 +153,7 @@ def sweep_options(f):
     ]
     for o in reversed(opts):
         f = o(f)
-    return f
+    return backend_options()(f)
 
 
 # -- report -----------------------------------------------------------------------------------------------------
@@ -173,8 +175,8 @@ def sweep_options(f):
               help="Bandwidth sweep: the links whose bandwidth changes.")
 @click.option("--no-trace", is_flag=True, help="Do not write trace.json.")
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison rows as JSON.")
-def report_cmd(graph_path, planners_text, planner_options, time_limit, jobs, quiet, out_dir, sweep_kinds, fractions,
-               bandwidths, links_text, no_trace, as_json, **hw_kw):
+def report_cmd(graph_path, planners_text, planner_options, time_limit, jobs, quiet, backend_name, ray_address, resume,
+               out_dir, sweep_kinds, fractions, bandwidths, links_text, no_trace, as_json, **hw_kw):
     """Run none, reactive, greedy (best of its sweep) and cpsat on GRAPH and write a report folder.
 
     The folder holds report.md (the comparison table and plots), comparison.json and .csv, PNG plots, a
@@ -191,6 +193,8 @@ def report_cmd(graph_path, planners_text, planner_options, time_limit, jobs, qui
         bw = parse_bandwidths(bandwidths)
         links = [x.strip() for x in links_text.split(",") if x.strip()]
         out = Path(out_dir or f"{Path(graph_path).name.removesuffix('.json').removesuffix('.onnx')}.report")
+        spec = backend_spec(backend_name, jobs, ray_address, out / "sweeps.points.jsonl" if sweep_kinds else None,
+                            resume)
         sweeps = []
         with progress_display(not quiet and not as_json) as bar:
             upd = bar("planners")
@@ -203,9 +207,10 @@ def report_cmd(graph_path, planners_text, planner_options, time_limit, jobs, qui
             cmp = compare(graph, hw, names, options, source=graph_path, on_planner=step)
             upd(len(names), len(names), "")
             if "budget" in sweep_kinds:
-                sweeps.append(budget_sweep(graph, hw, fr, names, options, jobs, bar("budget sweep")))
+                sweeps.append(budget_sweep(graph, hw, fr, names, options, jobs, bar("budget sweep"), spec))
             if "bandwidth" in sweep_kinds:
-                sweeps.append(bandwidth_sweep(graph, hw, bw, links, names, options, jobs, bar("bandwidth sweep")))
+                sweeps.append(bandwidth_sweep(graph, hw, bw, links, names, options, jobs, bar("bandwidth sweep"),
+                                              spec))
         files = write_report(out, cmp, sweeps, command=command_line(), trace=not no_trace)
         if as_json:
             click.echo(json.dumps({"report": str(files[0]), "rows": cmp.rows}, indent=1))
@@ -259,18 +264,24 @@ def _write_sweep(out: str, sw: dict, as_json: bool) -> None:
               help="Budgets as shares of the no-offload peak.")
 @click.option("-o", "--output", "out_dir", default="sweep-budget", show_default=True, type=click.Path(file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the sweep data as JSON.")
-def sweep_budget_cmd(graph_path, planners_text, planner_options, time_limit, jobs, quiet, fractions, out_dir, as_json,
-                     **hw_kw):
+def sweep_budget_cmd(graph_path, planners_text, planner_options, time_limit, jobs, quiet, backend_name, ray_address,
+                     resume, fractions, out_dir, as_json, **hw_kw):
     """Each planner at HBM budgets given as shares of the no-offload peak: the peak/makespan trade-off."""
 
     def go():
         graph, hw, names, options = _sweep_inputs(graph_path, hw_kw, planners_text, planner_options, time_limit)
+        fr = parse_floats(fractions, "--fractions")
+        spec = backend_spec(backend_name, jobs, ray_address, _checkpoint(out_dir, "budget"), resume)
         with progress_display(not quiet) as bar:
-            sw = budget_sweep(graph, hw, parse_floats(fractions, "--fractions"), names, options, jobs,
-                              bar("budget sweep"))
+            sw = budget_sweep(graph, hw, fr, names, options, jobs, bar("budget sweep"), spec)
         _write_sweep(out_dir, sw, as_json)
 
     run_guarded(go)
+
+
+def _checkpoint(out_dir: str, kind: str) -> Path:
+    """Where a sweep keeps its points as they finish (``--resume`` reads it back)."""
+    return Path(out_dir) / f"sweep-{kind}.points.jsonl"
 
 
 def _sweep_inputs(graph_path, hw_kw, planners_text, planner_options, time_limit):
@@ -292,16 +303,17 @@ def _sweep_inputs(graph_path, hw_kw, planners_text, planner_options, time_limit)
 @click.option("-o", "--output", "out_dir", default="sweep-bandwidth", show_default=True,
               type=click.Path(file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the sweep data as JSON.")
-def sweep_bandwidth_cmd(graph_path, planners_text, planner_options, time_limit, jobs, quiet, bandwidths, links_text,
-                        out_dir, as_json, **hw_kw):
+def sweep_bandwidth_cmd(graph_path, planners_text, planner_options, time_limit, jobs, quiet, backend_name,
+                        ray_address, resume, bandwidths, links_text, out_dir, as_json, **hw_kw):
     """Each planner at one HBM budget while the links' bandwidth goes from 20 to 400 GB/s."""
 
     def go():
         graph, hw, names, options = _sweep_inputs(graph_path, hw_kw, planners_text, planner_options, time_limit)
         links = [x.strip() for x in links_text.split(",") if x.strip()]
+        bw = parse_bandwidths(bandwidths)
+        spec = backend_spec(backend_name, jobs, ray_address, _checkpoint(out_dir, "bandwidth"), resume)
         with progress_display(not quiet) as bar:
-            sw = bandwidth_sweep(graph, hw, parse_bandwidths(bandwidths), links, names, options, jobs,
-                                 bar("bandwidth sweep"))
+            sw = bandwidth_sweep(graph, hw, bw, links, names, options, jobs, bar("bandwidth sweep"), spec)
         _write_sweep(out_dir, sw, as_json)
 
     run_guarded(go)
@@ -332,8 +344,8 @@ def parse_range(text: str) -> tuple[int, int]:
               help="Count a plan as fitting only when at most this much slower than no offload (0.1 = 10%).")
 @click.option("-o", "--output", "out_dir", default="sweep-seqlen", show_default=True, type=click.Path(file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the sweep data as JSON.")
-def sweep_seqlen_cmd(generator, planners_text, planner_options, time_limit, jobs, quiet, gen_options, range_text,
-                     step, seq_param, max_overhead, out_dir, as_json, **hw_kw):
+def sweep_seqlen_cmd(generator, planners_text, planner_options, time_limit, jobs, quiet, backend_name, ray_address,
+                     resume, gen_options, range_text, step, seq_param, max_overhead, out_dir, as_json, **hw_kw):
     """Per planner, the longest sequence GENERATOR's graph can run with in the HBM budget (bisection).
 
     GENERATOR is a workload of `ho-plan generate` (llama3-8b-train, deepseek-v3-train, inference, or a preset such
@@ -348,9 +360,10 @@ def sweep_seqlen_cmd(generator, planners_text, planner_options, time_limit, jobs
         args = {k: _option_value(v) for k, v in _pairs(gen_options, "-G").items()}
         _check_generator_args(fn, generator, list(args), seq_param)
         lo, hi = parse_range(range_text)
+        spec = backend_spec(backend_name, jobs, ray_address, _checkpoint(out_dir, "seqlen"), resume)
         with progress_display(not quiet) as bar:
             sw = seqlen_sweep(generator, args, hw, lo, hi, step, seq_param, names, options, max_overhead, jobs,
-                              bar("sequence-length probes"))
+                              bar("sequence-length probes"), spec)
         _write_sweep(out_dir, sw, as_json)
         if not as_json:
             for n in names:
@@ -382,19 +395,24 @@ def _check_generator_args(fn, generator: str, keys: list[str], seq_param: str) -
 @click.option("--only", multiple=True, metavar="ENTRY", help="Regenerate just this entry of budgets.json.")
 @click.option("--add-missing", is_flag=True,
               help="First add a budgets.json entry (80% of the no-offload peak) for each graph without one.")
-def solutions_cmd(root, only, add_missing):
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Worker processes for the entries (the local backend).")
+@backend_options(resume=False)
+def solutions_cmd(root, only, add_missing, jobs, backend_name, ray_address):
     """Regenerate solutions/<entry>.schedule.json for every entry of solutions/budgets.json.
 
     Each entry is planned with every report planner that exists; the valid plan with the lowest makespan is
-    kept. Graphs in graphs/ that have no entry are listed (exit 1) unless --add-missing adds them.
+    kept. Graphs in graphs/ that have no entry are listed (exit 1) unless --add-missing adds them. Each schedule is
+    written as soon as its entry is done; --only reruns the entries an interrupted run did not reach.
     """
 
     def go():
+        spec = backend_spec(backend_name, jobs, ray_address)
         base = Path(root)
         if add_missing:
             S.add_missing(base, log=click.echo)
         missing = S.missing_entries(base)
-        S.regenerate(base, list(only) or None, log=click.echo)
+        S.regenerate(base, list(only) or None, log=click.echo, backend=spec)
         if missing:
             click.echo("no budgets.json entry for: " + ", ".join(str(p) for p in missing)
                        + " (add one, or run with --add-missing)", err=True)
@@ -424,7 +442,7 @@ def solutions_cmd(root, only, add_missing):
               help="Training sweep: D2H/H2D bandwidths in GB/s.")
 @sweep_options
 def paper_cmd(out_dir, layers, decode_steps, block, seq_max, max_overhead, train_layers, bandwidths, planners_text,
-              planner_options, time_limit, jobs, quiet):
+              planner_options, time_limit, jobs, quiet, backend_name, ray_address, resume):
     """The paper's evaluation on our model of its setup (DeepSeek-V3 + NSA inference on ascend-910c at
     33.6 GB/s; the LLaMA-3-8B training bandwidth sweep), written to a folder as paper.md, paper.json and plots.
 
@@ -437,8 +455,9 @@ def paper_cmd(out_dir, layers, decode_steps, block, seq_max, max_overhead, train
                           max_overhead=max_overhead, time_limit=10.0 if time_limit is None else time_limit,
                           train_layers=train_layers, bandwidths=tuple(parse_bandwidths(bandwidths)), planners=names,
                           jobs=jobs, options=parse_planner_options(planner_options, None, names))
+        spec = backend_spec(backend_name, jobs, ray_address, Path(out_dir) / "paper.points.jsonl", resume)
         with progress_display(not quiet) as bar:
-            res = run_paper(cfg, bar)
+            res = run_paper(cfg, bar, spec)
         files = write_paper(out_dir, res, command_line())
 
         click.echo(inference_table(res))

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from planner import api
+from planner.backends import BackendSpec
 from planner.fileio import write_atomic
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware, preset
@@ -40,9 +41,9 @@ from planner.report.compare import VALID, available_planners, lower_bounds, run_
 from planner.report.sweeps import (
     PLAN_KEY,
     Progress,
-    Runner,
     _bisect,
     _split_timing,
+    error_point,
     generate,
     min_budget_search,
     seed_looser,
@@ -180,11 +181,20 @@ def _paper_point(p: dict) -> dict:
     return _split_timing(row)
 
 
+def _paper_error(p: dict, reason: str) -> dict:
+    """The row of a paper point that failed: ``error_point``'s, with the paper's measures empty."""
+    return {**error_point(p, reason), "start_placement": None, "prefill_us": None, "decode_us_per_step": None,
+            "no_offload_makespan_us": None, "no_offload_peak_hbm_bytes": None,
+            "bandwidth_GBps": p.get("bandwidth_GBps")}
+
+
 # -- inference ----------------------------------------------------------------------------------------------------
 
 
-def run_inference(cfg: PaperConfig, hw: Hardware, progress: Callable[[str], Progress] | None = None) -> dict:
+def run_inference(cfg: PaperConfig, hw: Hardware, progress: Callable[[str], Progress] | None = None,
+                  backend: BackendSpec | None = None) -> dict:
     """The inference half: calibrated budget, comparison at it, lowest peak, longest sequence."""
+    spec = backend if backend is not None else BackendSpec("local", cfg.jobs)
     names = cfg.planner_names()
     options = cfg.planner_options()
     gen, args = "long_context_inference", cfg.inference_args()
@@ -201,16 +211,16 @@ def run_inference(cfg: PaperConfig, hw: Hardware, progress: Callable[[str], Prog
                  "tag": tag} for n, b in pairs]
 
     bar = progress or (lambda desc: None)
-    with Runner(cfg.jobs) as runner:
+    with spec.open() as runner:
         at_budget = runner.map(_paper_point, pts("at_budget", [(n, budget) for n in names]),
-                               bar("inference: at the budget"))
+                               bar("inference: at the budget"), _paper_error)
     lowest = min_budget_search(graph, hw_b, names, options, cfg.max_overhead, resolution=0.005, jobs=cfg.jobs,
-                               progress=bar("inference: lowest peak"))
+                               progress=bar("inference: lowest peak"), backend=spec)
     found = [(n, v["hbm_budget_bytes"]) for n, v in lowest["lowest"].items() if v["hbm_budget_bytes"]]
-    with Runner(cfg.jobs) as runner:
-        at_lowest = runner.map(_paper_point, pts("at_lowest", found), bar("inference: at lowest peak"))
+    with spec.open() as runner:
+        at_lowest = runner.map(_paper_point, pts("at_lowest", found), bar("inference: at lowest peak"), _paper_error)
     longest = seqlen_sweep(gen, args, hw_b, cfg.seq_step, cfg.seq_hi, cfg.seq_step, "seq_len", names, options,
-                           cfg.max_overhead, cfg.jobs, bar("inference: longest seq"))
+                           cfg.max_overhead, cfg.jobs, bar("inference: longest seq"), backend=spec)
     kv_longest = kv_offload_longest(gen, args, hw, budget, cfg.seq_step, cfg.seq_hi)
     rows = {}
     by_lowest = {r["planner"]: r for r in at_lowest}
@@ -242,9 +252,11 @@ def run_inference(cfg: PaperConfig, hw: Hardware, progress: Callable[[str], Prog
 # -- training -----------------------------------------------------------------------------------------------------
 
 
-def run_training(cfg: PaperConfig, hw: Hardware, progress: Callable[[str], Progress] | None = None) -> dict:
+def run_training(cfg: PaperConfig, hw: Hardware, progress: Callable[[str], Progress] | None = None,
+                 backend: BackendSpec | None = None) -> dict:
     """The bandwidth sweep: baseline none (recompute on) against each planner (recompute off) in its budget, and
     the planners that can recompute planning offload and recompute jointly (tag ``joint``)."""
+    spec = backend if backend is not None else BackendSpec("local", cfg.jobs)
     gen = "llama3_8b_training"
     names = [n for n in cfg.planner_names() if n != "none"]
     joint = [n for n in names if "recompute" in api.option_types(n)]
@@ -271,8 +283,8 @@ def run_training(cfg: PaperConfig, hw: Hardware, progress: Callable[[str], Progr
                            "options": {**(options.get(n) or {}), "recompute": True},
                            "bandwidth_GBps": bw, "tag": "joint", "keep_plan": True})
     bar = progress or (lambda desc: None)
-    with Runner(cfg.jobs) as runner:
-        rows = runner.map(_paper_point, points, bar("training: bandwidths"))
+    with spec.open() as runner:
+        rows = runner.map(_paper_point, points, bar("training: bandwidths"), _paper_error)
     # A plan made for a slower link seeds the faster points (re-simulated there), so each curve is monotone
     # wherever the executor accepts it.
     for tag in ("recompute_off", "joint"):
@@ -288,10 +300,13 @@ def run_training(cfg: PaperConfig, hw: Hardware, progress: Callable[[str], Progr
             "joint_planners": joint, "points": rows}
 
 
-def run_paper(cfg: PaperConfig, progress: Callable[[str], Progress] | None = None) -> dict:
+def run_paper(cfg: PaperConfig, progress: Callable[[str], Progress] | None = None,
+              backend: BackendSpec | None = None) -> dict:
+    """The whole evaluation, its points on ``backend`` (default: ``cfg.jobs`` local processes)."""
     hw = preset(cfg.hardware)
     return {"config": asdict(cfg), "hardware": hw.to_dict(), "paper": PAPER,
-            "inference": run_inference(cfg, hw, progress), "training": run_training(cfg, hw, progress)}
+            "inference": run_inference(cfg, hw, progress, backend),
+            "training": run_training(cfg, hw, progress, backend)}
 
 
 # -- presentation --------------------------------------------------------------------------------------------------

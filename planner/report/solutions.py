@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from planner import api
+from planner.backends import GRAPH_ID, BackendSpec, worker_graph
 from planner.errors import InputError
 from planner.fileio import read_json, write_atomic
 from planner.formats import load_graph
@@ -30,7 +31,7 @@ from planner.hardware import HBM, PRESETS, Hardware, preset, with_overrides
 from planner.planners import REGISTRY
 from planner.quality import plan_quality
 from planner.report.compare import VALID, available_planners, compare, lower_bounds, run_planner
-from planner.schedule import write_schedule
+from planner.schedule import dumps_schedule, schedule_to_dict
 
 # Re-planning may be this much slower than the stored plan (time-limited solvers vary from run to run).
 TOLERANCE = 0.02
@@ -77,33 +78,61 @@ def best_run(graph: Graph, hw: Hardware, planners: list[str] | None = None, opti
     return best, cmp
 
 
-def regenerate(root: Path, only: list[str] | None = None, log: Callable[[str], None] = print) -> dict[str, dict]:
-    """Re-plan every entry of ``root/solutions/budgets.json`` (or just ``only``) and write its schedule.
+def _solution_point(p: dict) -> dict:
+    """One entry planned by every planner it names, on the backend: the best valid plan's schedule document (None
+    when no planner found one) and what was tried."""
+    graph = worker_graph()
+    hw = Hardware.from_dict(p["hardware"])
+    best, cmp = best_run(graph, hw, p["planners"], p["options"], p["source"])
+    out = {"entry": p["entry"], "tried": ", ".join(f"{n} {r.row['status']}" for n, r in cmp.runs.items()),
+           "schedule": None}
+    if best is not None:
+        doc = schedule_to_dict(graph, hw, best.plan, best.timeline)
+        doc["quality"] = plan_quality(graph, hw, best.plan, best.timeline).to_dict()
+        r = best.row
+        out.update(schedule=dumps_schedule(doc), planner=r["planner"], makespan_us=r["makespan_us"],
+                   peak_hbm_bytes=r["peak_hbm_bytes"])
+    return out
 
-    Returns ``{entry: {"planner", "makespan_us", "peak_hbm_bytes", "path"}}``; raises InputError when an entry
-    has no valid plan.
+
+def _solution_error(p: dict, reason: str) -> dict:
+    return {"entry": p["entry"], "tried": reason, "schedule": None}
+
+
+def regenerate(root: Path, only: list[str] | None = None, log: Callable[[str], None] = print,
+               backend: BackendSpec | None = None) -> dict[str, dict]:
+    """Re-plan every entry of ``root/solutions/budgets.json`` (or just ``only``) and write its schedule, each as
+    soon as its entry is done; the entries run on ``backend`` (default: one by one in this process).
+
+    Returns ``{entry: {"planner", "makespan_us", "peak_hbm_bytes", "path"}}``; raises InputError, once every
+    other entry is written, when an entry has no valid plan.
     """
     folder = root / "solutions"
     budgets = load_budgets(folder)
-    out = {}
-    for key, entry in budgets.items():
-        if only and key not in only:
-            continue
-        gpath = root / entry["graph"]
-        graph = load_graph(gpath)
-        hw = entry_hardware(entry)
-        best, cmp = best_run(graph, hw, entry.get("planners"), entry_options(entry), str(gpath))
-        tried = ", ".join(f"{n} {r.row['status']}" for n, r in cmp.runs.items())
-        if best is None:
-            raise InputError("solutions/budgets.json", f"entry {key!r}", f"no planner found a valid plan ({tried})")
-        path = folder / f"{key}.schedule.json"
-        write_schedule(path, graph, hw, best.plan, best.timeline,
-                       plan_quality(graph, hw, best.plan, best.timeline).to_dict())
-        r = best.row
-        out[key] = {"planner": r["planner"], "makespan_us": r["makespan_us"], "peak_hbm_bytes": r["peak_hbm_bytes"],
-                    "path": str(path)}
-        log(f"{key}: {r['planner']} makespan {r['makespan_us']:.1f} us, peak {r['peak_hbm_bytes']} B "
-            f"(tried {tried}) -> {path}")
+    keys = [k for k in budgets if not only or k in only]
+    # Each graph is read once, here, and shipped to the backend with the points (a cluster may not see root).
+    graphs = {k: load_graph(root / budgets[k]["graph"]) for k in keys}
+    points = [{"entry": k, GRAPH_ID: k, "hardware": entry_hardware(budgets[k]).to_dict(),
+               "planners": budgets[k].get("planners"), "options": entry_options(budgets[k]),
+               "source": str(root / budgets[k]["graph"])} for k in keys]
+    out, failed = {}, []
+    spec = backend if backend is not None else BackendSpec()
+    with spec.open(graphs) as b:
+        for _, res in b.imap(_solution_point, points, on_error=_solution_error):
+            key = res["entry"]
+            if res["schedule"] is None:
+                failed.append(f"entry {key!r}: no planner found a valid plan ({res['tried']})")
+                log(f"{key}: no valid plan ({res['tried']})")
+                continue
+            path = folder / f"{key}.schedule.json"
+            write_atomic(path, res["schedule"])
+            out[key] = {"planner": res["planner"], "makespan_us": res["makespan_us"],
+                        "peak_hbm_bytes": res["peak_hbm_bytes"], "path": str(path)}
+            log(f"{key}: {res['planner']} makespan {res['makespan_us']:.1f} us, peak {res['peak_hbm_bytes']} B "
+                f"(tried {res['tried']}) -> {path}")
+    if failed:
+        item, _, message = sorted(failed)[0].partition(": ")
+        raise InputError("solutions/budgets.json", item, message)
     return out
 
 

@@ -7,8 +7,10 @@
 - ``seqlen_sweep``: per planner, the longest sequence a workload generator's graph can run with within a budget,
   by bisection over its ``seq_len`` on a grid of ``step`` tokens.
 
-Points run one by one or in worker processes (``jobs``); a point's result never depends on which. Wall-clock
-solve times are kept apart from the data, under ``"timing"``, since they differ run to run.
+Points run on a backend (``planner.backends``: one by one, in ``jobs`` local worker processes, or as tasks on a
+Ray cluster); a point's result never depends on which. Wall-clock solve times are kept apart from the data, under
+``"timing"``, since they differ run to run. A point that fails (its planner raises, or its Ray worker dies twice)
+is a row of status ``error`` with the reason (``error_point``); the rest of the sweep completes around it.
 
 Budget and bandwidth sweeps are monotone by construction (``seed_looser``): a plan valid at a tighter budget is
 valid at a looser one with the same timing, and a plan made for a slower link usually still is on a faster one
@@ -21,22 +23,19 @@ from __future__ import annotations
 import importlib
 import json
 import math
-import multiprocessing
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import replace
 
 from planner import api
+from planner.backends import BackendSpec, Progress, worker_graph
 from planner.errors import InputError
 from planner.executor import simulate
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware, Tier
 from planner.placement import bytes_by_kind
 from planner.planners import REGISTRY
-from planner.report.compare import VALID, available_planners, lower_bounds, metrics_row, run_planner
+from planner.report.compare import ERROR, VALID, available_planners, lower_bounds, metrics_row, run_planner
 from planner.workloads import generator
-
-Progress = Callable[[int, int, str], None]  # (done, total, label of the point just finished)
 
 DEFAULT_FRACTIONS = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 DEFAULT_BANDWIDTHS_GBPS = (20.0, 33.6, 40.0, 50.0, 70.0, 100.0, 200.0, 400.0)
@@ -52,72 +51,32 @@ POINT_KEYS = ("planner", "status", "valid", "violations", "hbm_budget_bytes", "p
 
 # -- running points -------------------------------------------------------------------------------------------
 
-_WORKER_GRAPH: Graph | None = None
 
-
-def _init_worker(graph: Graph | None) -> None:
-    global _WORKER_GRAPH
-    _WORKER_GRAPH = graph
-
-
-class Runner:
-    """Runs points one by one (``jobs`` <= 1) or in a pool of ``jobs`` worker processes kept across calls.
-
-    ``graph`` is sent once to each worker and is what ``_worker_graph()`` returns there. Workers are started
-    with ``spawn`` (no fork of a threaded solver). Use as a context manager.
-    """
-
-    def __init__(self, jobs: int = 1, graph: Graph | None = None) -> None:
-        self.jobs, self.graph = max(1, int(jobs)), graph
-        self._pool: ProcessPoolExecutor | None = None
-
-    def __enter__(self) -> Runner:
-        if self.jobs > 1:
-            self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_init_worker, initargs=(self.graph,))
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
-
-    def map(self, fn: Callable[[dict], dict], points: Sequence[dict], progress: Progress | None = None) -> list[dict]:
-        """Return ``[fn(p) for p in points]`` in order; ``fn`` must be a module-level function."""
-        total = len(points)
-        results: list[dict | None] = [None] * total
-        if self._pool is None:
-            _init_worker(self.graph)
-            for i, p in enumerate(points):
-                results[i] = fn(p)
-                if progress:
-                    progress(i + 1, total, _label(p))
-            return results  # type: ignore[return-value]
-        futures = {self._pool.submit(fn, p): i for i, p in enumerate(points)}
-        done = 0
-        for fut in as_completed(futures):
-            i = futures[fut]
-            results[i] = fut.result()
-            done += 1
-            if progress:
-                progress(done, total, _label(points[i]))
-        return results  # type: ignore[return-value]
+def _spec(backend: BackendSpec | None, jobs: int) -> BackendSpec:
+    """The backend to run on: ``backend`` when given, else the local one with ``jobs`` processes."""
+    return backend if backend is not None else BackendSpec("local", jobs)
 
 
 def run_points(fn: Callable[[dict], dict], points: Sequence[dict], jobs: int = 1, progress: Progress | None = None,
-               graph: Graph | None = None) -> list[dict]:
-    """Return ``[fn(p) for p in points]``, in that order, computed in ``jobs`` processes when jobs > 1."""
-    with Runner(jobs if len(points) > 1 else 1, graph) as r:
-        return r.map(fn, points, progress)
+               graph: Graph | None = None, backend: BackendSpec | None = None,
+               on_error: Callable[[dict, str], dict] | None = None) -> list[dict]:
+    """Return ``[fn(p) for p in points]``, in that order, on ``backend`` (default: ``jobs`` local processes)."""
+    spec = _spec(backend, jobs)
+    with spec.open(graph, jobs=spec.jobs if len(points) > 1 else 1) as b:
+        return b.map(fn, points, progress, on_error)
 
 
-def _worker_graph() -> Graph:
-    assert _WORKER_GRAPH is not None, "run_points was not given the graph"
-    return _WORKER_GRAPH
-
-
-def _label(p: dict) -> str:
-    return " ".join(f"{k}={v}" for k, v in p.items() if k in ("planner", "fraction", "bandwidth_GBps", "seq_len"))
+def error_point(p: dict, reason: str) -> dict:
+    """The row of a point that failed (its worker died twice, or its planner raised): the point's coordinates,
+    status ``error`` and the reason; no measurement."""
+    out = {k: None for k in POINT_KEYS if k not in TIMING_KEYS}
+    out.update(planner=p.get("planner"), status=ERROR, valid=False, violations=0, error=reason, notes=[reason],
+               hbm_budget_bytes=p.get("hbm_bytes"), fits=False, seeded_from=None,
+               timing={k: None for k in TIMING_KEYS})
+    for k in ("fraction", "bandwidth_GBps", "seq_len", "tag"):
+        if k in p:
+            out[k] = p[k]
+    return out
 
 
 def _split_timing(row: dict) -> dict:
@@ -153,6 +112,8 @@ def seed_looser(graph: Graph, rows: list[dict], order: Callable[[dict], float],
     for points in by_planner.values():
         carried: tuple[object, float] | None = None  # (plan, order of the point it was made for)
         for r in sorted(points, key=order):
+            if r["status"] == ERROR:
+                continue  # a failed point stays one: its row says why, and no other plan hides that
             own_ok = r["status"] == VALID
             if carried is not None:
                 plan, source = carried
@@ -206,7 +167,7 @@ def with_bandwidth(hw: Hardware, links: Sequence[str], bandwidth_Bps: float) -> 
 
 
 def _budget_point(p: dict) -> dict:
-    graph = _worker_graph()
+    graph = worker_graph()
     hw = with_hbm(Hardware.from_dict(p["hardware"]), p["hbm_bytes"])
     out = _point_row(graph, hw, p["planner"], p["options"], keep_plan=True)
     out["fraction"] = p["fraction"]
@@ -215,8 +176,9 @@ def _budget_point(p: dict) -> dict:
 
 def budget_sweep(graph: Graph, hw: Hardware, fractions: Sequence[float] = DEFAULT_FRACTIONS,
                  planners: Sequence[str] | None = None, options: dict[str, dict] | None = None, jobs: int = 1,
-                 progress: Progress | None = None) -> dict:
-    """Each planner at HBM budgets of ``fraction`` x the no-offload peak."""
+                 progress: Progress | None = None, backend: BackendSpec | None = None) -> dict:
+    """Each planner at HBM budgets of ``fraction`` x the no-offload peak (on ``backend``, default ``jobs`` local
+    processes)."""
     peak = api.no_offload_reference(graph, hw).metrics.peak_bytes[HBM]
     options = sweep_planner_options(options)
     names = available_planners(planners)
@@ -225,7 +187,7 @@ def budget_sweep(graph: Graph, hw: Hardware, fractions: Sequence[float] = DEFAUL
          "options": (options or {}).get(n)}
         for f in fractions for n in names
     ]
-    rows = run_points(_budget_point, points, jobs, progress, graph)
+    rows = run_points(_budget_point, points, jobs, progress, graph, backend, error_point)
     rows = seed_looser(graph, rows, lambda r: r["fraction"], lambda r: with_hbm(hw, r["hbm_budget_bytes"]))
     return {"kind": "budget", "graph": graph.name, "hardware": hw.name, "no_offload_peak_hbm_bytes": peak,
             "fractions": list(fractions), "planners": names, "points": rows}
@@ -235,7 +197,7 @@ def budget_sweep(graph: Graph, hw: Hardware, fractions: Sequence[float] = DEFAUL
 
 
 def _bandwidth_point(p: dict) -> dict:
-    graph = _worker_graph()
+    graph = worker_graph()
     hw = with_bandwidth(Hardware.from_dict(p["hardware"]), p["links"], p["bandwidth_GBps"] * 1e9)
     out = _point_row(graph, hw, p["planner"], p["options"], keep_plan=True)
     out["bandwidth_GBps"] = p["bandwidth_GBps"]
@@ -245,7 +207,7 @@ def _bandwidth_point(p: dict) -> dict:
 def bandwidth_sweep(graph: Graph, hw: Hardware, bandwidths_GBps: Sequence[float] = DEFAULT_BANDWIDTHS_GBPS,
                     links: Sequence[str] = ("d2h", "h2d"), planners: Sequence[str] | None = None,
                     options: dict[str, dict] | None = None, jobs: int = 1,
-                    progress: Progress | None = None) -> dict:
+                    progress: Progress | None = None, backend: BackendSpec | None = None) -> dict:
     """Each planner at ``hw``'s HBM budget while ``links`` all run at each bandwidth (GB/s, 10^9 B/s)."""
     with_bandwidth(hw, links, 1.0)  # check the link names up front
     options = sweep_planner_options(options)
@@ -255,7 +217,7 @@ def bandwidth_sweep(graph: Graph, hw: Hardware, bandwidths_GBps: Sequence[float]
          "options": (options or {}).get(n)}
         for b in bandwidths_GBps for n in names
     ]
-    rows = run_points(_bandwidth_point, points, jobs, progress, graph)
+    rows = run_points(_bandwidth_point, points, jobs, progress, graph, backend, error_point)
     rows = seed_looser(graph, rows, lambda r: r["bandwidth_GBps"],
                        lambda r: with_bandwidth(hw, links, r["bandwidth_GBps"] * 1e9))
     return {"kind": "bandwidth", "graph": graph.name, "hardware": hw.name, "hbm_budget_bytes": hw.hbm_bytes,
@@ -340,7 +302,8 @@ def _bisect(names, state, cache, run_round, lo_k: int, hi_k: int) -> None:
 
 
 def _search(names: list[str], lo_k: int, hi_k: int, make_point: Callable[[str, int], dict],
-            fn: Callable[[dict], dict], jobs: int, progress: Progress | None, graph: Graph | None = None):
+            fn: Callable[[dict], dict], jobs: int, progress: Progress | None, graph: Graph | None = None,
+            backend: BackendSpec | None = None):
     """Run the bisection of every planner over [lo_k, hi_k], probing with ``fn(make_point(n, k))``.
 
     Returns (state, cache); ``cache[(n, k)]`` is the probe's row, which must carry ``fits``.
@@ -348,7 +311,7 @@ def _search(names: list[str], lo_k: int, hi_k: int, make_point: Callable[[str, i
     state = {n: {"good": None, "bad": None} for n in names}
     cache: dict[tuple[str, int], dict] = {}
     done_count = [0]
-    with Runner(jobs, graph) as runner:
+    with _spec(backend, jobs).open(graph) as runner:
 
         def run_round(pairs: list[tuple[str, int]]) -> None:
             todo = [(n, k) for n, k in pairs if (n, k) not in cache]
@@ -359,7 +322,7 @@ def _search(names: list[str], lo_k: int, hi_k: int, make_point: Callable[[str, i
                 if progress:
                     progress(done_count[0] + d, done_count[0] + t, label)
 
-            rows = runner.map(fn, [make_point(n, k) for n, k in todo], prog)
+            rows = runner.map(fn, [make_point(n, k) for n, k in todo], prog, error_point)
             done_count[0] += len(todo)
             for (n, k), r in zip(todo, rows):
                 cache[(n, k)] = r
@@ -371,7 +334,7 @@ def _search(names: list[str], lo_k: int, hi_k: int, make_point: Callable[[str, i
 def seqlen_sweep(generator: str, generator_args: dict, hw: Hardware, lo: int, hi: int, step: int = 1024,
                  seq_param: str = "seq_len", planners: Sequence[str] | None = None,
                  options: dict[str, dict] | None = None, max_overhead: float | None = None, jobs: int = 1,
-                 progress: Progress | None = None) -> dict:
+                 progress: Progress | None = None, backend: BackendSpec | None = None) -> dict:
     """Per planner, the longest ``seq_len`` in [lo, hi] (a multiple of ``step``) whose graph fits ``hw``.
 
     Bisection assumes that what fits at a length fits at every shorter one. Each round probes the midpoint of
@@ -390,7 +353,7 @@ def seqlen_sweep(generator: str, generator_args: dict, hw: Hardware, lo: int, hi
                 "seq_param": seq_param, "hardware": hw.to_dict(), "options": (options or {}).get(n),
                 "max_overhead": max_overhead}
 
-    state, cache = _search(names, lo_k, hi_k, point, _seqlen_point, jobs, progress)
+    state, cache = _search(names, lo_k, hi_k, point, _seqlen_point, jobs, progress, backend=backend)
     longest = {}
     for n, s in state.items():
         if s["good"] is None:
@@ -415,7 +378,7 @@ def seqlen_sweep(generator: str, generator_args: dict, hw: Hardware, lo: int, hi
 
 
 def _minbudget_point(p: dict) -> dict:
-    graph = _worker_graph()
+    graph = worker_graph()
     hw = with_hbm(Hardware.from_dict(p["hardware"]), p["hbm_bytes"])
     out = _point_row(graph, hw, p["planner"], p["options"])
     out["fits"] = fits(out, p.get("max_overhead"))
@@ -424,7 +387,8 @@ def _minbudget_point(p: dict) -> dict:
 
 def min_budget_search(graph: Graph, hw: Hardware, planners: Sequence[str] | None = None,
                       options: dict[str, dict] | None = None, max_overhead: float | None = None,
-                      resolution: float = 0.005, jobs: int = 1, progress: Progress | None = None) -> dict:
+                      resolution: float = 0.005, jobs: int = 1, progress: Progress | None = None,
+                      backend: BackendSpec | None = None) -> dict:
     """Per planner, the lowest HBM budget at which it finds a valid plan (no more than ``max_overhead`` slower
     than no offload, when set), by bisection between the largest single-op working set and the no-offload peak
     on a grid of ``resolution`` x that peak. Reports the peak HBM the plan at that budget actually reaches.
@@ -444,7 +408,7 @@ def min_budget_search(graph: Graph, hw: Hardware, planners: Sequence[str] | None
         return {"planner": n, "hbm_bytes": budget(k), "hardware": hw.to_dict(), "options": (options or {}).get(n),
                 "max_overhead": max_overhead}
 
-    state, cache = _search(names, 0, n_steps, point, _minbudget_point, jobs, progress, graph)
+    state, cache = _search(names, 0, n_steps, point, _minbudget_point, jobs, progress, graph, backend)
     lowest = {}
     for n, s in state.items():
         if s["good"] is None:
@@ -472,6 +436,6 @@ def strip_timing(sweep: dict) -> dict:
 
 __all__ = [
     "DEFAULT_FRACTIONS", "DEFAULT_BANDWIDTHS_GBPS", "run_points", "budget_sweep", "bandwidth_sweep", "seqlen_sweep",
-    "min_budget_search", "Runner",
+    "min_budget_search", "error_point",
     "fits", "strip_timing", "resolve_generator", "with_hbm", "with_bandwidth",
 ]
