@@ -45,6 +45,7 @@ from planner.orders import live_bytes, named_order
 from planner.placement import plan_placement
 from planner.plan import COMPUTE, Plan, PlanStatus, ProgramBuilder
 from planner.planned import Planned, place_statically
+from planner.planners.greedy_remat import chains_apply, plan_remat_chains
 from planner.planners.greedy_select import Answers, Context, Gap, select_gaps
 from planner.planners.none import plan_none
 from planner.planners.refine import place, resolve_copies
@@ -54,6 +55,12 @@ from planner.units import format_bytes_exact, format_time_us
 DEFAULTS = {"select_distance": 8, "select_num": 32, "prefetch_distance": 2, "release_distance": 1}
 GREEDY_SETTINGS = tuple(DEFAULTS)  # the four settings, in the paper's order
 OFFSET_RETRIES = 3  # replans against a lower budget when static offsets do not fit
+# Recompute chains are tried beside a valid selection on graphs up to this size (always where it is not valid).
+CHAINS_MAX_OPS = 5000
+# On graphs up to this size, the search for a planning budget whose static offsets fit also steps back up (halfway
+# to the lowest budget that did not fit) after a budget too low to plan or one that fits: this many more plans.
+REFINE_MAX_OPS = 5000
+REFINE_RETRIES = 3
 
 
 @dataclass(frozen=True)
@@ -197,37 +204,64 @@ def _plan_offloading(ctx: Context, settings: Settings, offsets: bool, name: str,
     static: Planned | None = None
     out_of_time = False
     ratios: list[float] = []  # offset height / planning budget, per attempt
-    for attempt in range(OFFSET_RETRIES + 1):
-        placed, height = place_statically(g, hw, plan, timeline)
-        if placed is not None:
-            stats = dict(plan.stats, offset_height_bytes=height, offset_attempts=attempt + 1)
-            notes = plan.notes + ((f"static offsets fit after planning for {format_bytes_exact(budget)} (the "
-                                   "offsets need more than the peak: fragmentation)",) if attempt else ())
-            static = Planned(replace(placed.plan, stats=stats, notes=notes), placed.timeline)
-            break
-        # Fragmentation makes the height exceed the planning budget by a few percent: plan for a budget lower by
-        # that ratio. The ratio grows as the budget drops (more offloading, more, shorter allocations: 5.0%, 6.7%,
-        # 8.5%, 9.4% on the 38.8k-op inference graph), so from the second retry on it is extrapolated from the
-        # last two attempts. A margin of 1% (growing by 0.5% an attempt) for the plan changing under the budget.
-        ratio = height / budget
-        ratios.append(ratio)
-        if len(ratios) >= 2:
-            ratio += max(0.0, ratios[-1] - ratios[-2])
-        margin = 0.99 - 0.005 * attempt
-        budget = min(budget - hw.hbm_bytes // 1000, int(hw.hbm_bytes / ratio * margin))
-        if budget < floor:
-            break
+    attempt = 0
+    unplaced = budget  # the lowest planning budget whose plan is valid but whose offsets do not fit
+    low: int | None = None  # the highest planning budget whose offsets fit, or else with no valid plan
+    refine = ctx.n <= REFINE_MAX_OPS
+    fresh = True  # ``plan`` is new: place it
+    while True:
+        if fresh:
+            placed, height = place_statically(g, hw, plan, timeline)
+            if placed is not None:
+                stats = dict(plan.stats, offset_height_bytes=height, offset_attempts=attempt + 1)
+                notes = plan.notes + ((f"static offsets fit after planning for {format_bytes_exact(budget)} (the "
+                                       "offsets need more than the peak: fragmentation)",) if attempt else ())
+                mine = Planned(replace(placed.plan, stats=stats, notes=notes), placed.timeline)
+                if static is None or mine.timeline.metrics.makespan_ns < static.timeline.metrics.makespan_ns:
+                    static = mine
+                low = budget if low is None else max(low, budget)
+            else:
+                unplaced = min(unplaced, budget)
+                ratios.append(height / budget)
+        if low is not None:
+            # Between a budget too low (or one that fits) and one that does not fit: halfway, on small graphs (a
+            # plan for a lower budget is usually slower, and the recompute chains run out of room before the gap
+            # selection does).
+            if not refine or attempt >= OFFSET_RETRIES + REFINE_RETRIES or unplaced - low <= hw.hbm_bytes // 100 \
+                    or not _cheap(t0, deadline):
+                break
+            budget = (low + unplaced) // 2
+        else:
+            if attempt >= OFFSET_RETRIES:
+                break
+            # Fragmentation makes the height exceed the planning budget by a few percent: plan for a budget lower
+            # by that ratio. The ratio grows as the budget drops (more offloading, more, shorter allocations: 5.0%,
+            # 6.7%, 8.5%, 9.4% on the 38.8k-op inference graph), so from the second retry on it is extrapolated
+            # from the last two attempts. A margin of 1% (growing by 0.5% an attempt) for the plan changing under
+            # the budget.
+            ratio = ratios[-1]
+            if len(ratios) >= 2:
+                ratio += max(0.0, ratios[-1] - ratios[-2])
+            margin = 0.99 - 0.005 * attempt
+            budget = min(budget - hw.hbm_bytes // 1000, int(hw.hbm_bytes / ratio * margin))
+            if budget < floor:
+                break
         if deadline is not None:
             # Another attempt costs about what the first took; the caching allocator's run of the first plan
             # (the fallback) about half of that.
             per_attempt = (time.monotonic() - t0) / (attempt + 1)
             if time.monotonic() + 1.5 * per_attempt > deadline:
-                out_of_time = True
+                out_of_time = static is None
                 break
+        attempt += 1
         candidate, cand_tl = _plan_checked(ctx, settings, budget, name)
-        if candidate.status != PlanStatus.FEASIBLE or not cand_tl.valid:
+        fresh = candidate.status == PlanStatus.FEASIBLE and cand_tl.valid
+        if fresh:
+            plan, timeline = candidate, cand_tl
+        elif refine and static is None and _cheap(t0, deadline):
+            low = budget if low is None else max(low, budget)
+        else:
             break
-        plan, timeline = candidate, cand_tl
     if static is not None and static.plan.stats["offset_attempts"] == 1:
         return static
     # The first plan under the caching allocator (its defragmentation delays included) against the static plan
@@ -247,6 +281,12 @@ def _plan_offloading(ctx: Context, settings: Settings, offsets: bool, name: str,
                    caching)
 
 
+def _cheap(t0: float, deadline: float | None) -> bool:
+    """Whether more plans for the offsets' sake are cheap: no deadline (greedy on its own), or what planning took so far
+    is under a tenth of the time to the deadline (cpsat's starting plan: its search needs the rest)."""
+    return deadline is None or 10 * (time.monotonic() - t0) < deadline - t0
+
+
 def _plan_checked(ctx: Context, settings: Settings, budget: int, name: str) -> tuple[Plan, Timeline]:
     """Plan against ``budget`` and time the plan (no allocator model); an invalid plan becomes infeasible.
 
@@ -257,18 +297,21 @@ def _plan_checked(ctx: Context, settings: Settings, budget: int, name: str) -> t
     can be far off where the budget keeps its prefetch late: on Checkmate's VGG16 at 90% of its peak, offloading
     two activations runs +76% over no offload while recomputing three runs +4.5%. A variant that cannot fit by
     its own count is not run (the executor's run is most of a plan's cost on large graphs).
+
+    Where recomputing may help and nothing has to move, the recompute chains of ``greedy_remat`` are a candidate
+    too (when the selection's plan is not valid, or on graphs of up to ``CHAINS_MAX_OPS`` ops): the selection
+    recomputes at depth 1 only and finds no remat plan on Checkmate's random graphs.
     """
     plan = build_plan(ctx, settings, budget, name)
     best = (*_checked(ctx, plan),)
     answers = ctx.answers
-    if not (answers.offload and answers.recompute):
-        return best[1], best[2]
-    used = plan.stats.get("answers", [])
     variants = []
-    if "recompute" in used:
-        variants.append(Answers(recompute=False))
-    if "offload" in used and _remat_may_fit(ctx, budget):
-        variants.append(Answers(offload=False))
+    if answers.offload and answers.recompute:
+        used = plan.stats.get("answers", [])
+        if "recompute" in used:
+            variants.append(Answers(recompute=False))
+        if "offload" in used and _remat_may_fit(ctx, budget):
+            variants.append(Answers(offload=False))
     for variant in variants:
         alt = build_plan(ctx, settings, budget, name, variant)
         if alt.status != PlanStatus.FEASIBLE or alt.steps == plan.steps:
@@ -276,6 +319,16 @@ def _plan_checked(ctx: Context, settings: Settings, budget: int, name: str) -> t
         checked = _checked(ctx, alt)
         if checked[0] < best[0]:
             best = checked
+    if answers.recompute and (best[0][0] or ctx.n <= CHAINS_MAX_OPS) and chains_apply(ctx):
+        chains = plan_remat_chains(ctx, budget, name)
+        if chains is not None:
+            options = dict(settings.as_dict(), order=ctx.order_name, **answers.options())
+            stats = dict(chains.stats, planning_budget_bytes=int(budget), answers=["recompute"], gaps_offloaded=0,
+                         stores=0, prefetches=0)
+            checked = _checked(ctx, replace(chains, options=options, stats=stats, notes=(
+                "recompute chains (greedy_remat): the gap selection's plan was slower or did not fit",)))
+            if checked[0] < best[0]:
+                best = checked
     return best[1], best[2]
 
 

@@ -110,8 +110,13 @@ def test_producers_that_may_not_run_again_are_no_candidates(forbid, workspace):
     g = fwd_bwd(forbid=forbid, workspace=workspace)
     hw = simple_hardware(hbm=BUDGET + workspace, bw=1e7)
     assert not any(gap.recompute is not None for gap in Context(g, hw).gaps)
-    plan, _tl = run(g, hw, offload=False)
-    assert plan.status == "infeasible" and plan.count(StepKind.RECOMPUTE) == 0
+    plan, tl = run(g, hw, offload=False)
+    if forbid:
+        assert plan.status == "infeasible" and plan.count(StepKind.RECOMPUTE) == 0
+    else:
+        # The recompute chains (greedy_remat) count each re-run's workspace exactly, so they may re-run it.
+        assert_valid(tl)
+        assert tl.metrics.peak_bytes[HBM] <= hw.hbm_bytes and any("recompute chains" in n for n in plan.notes)
 
 
 def test_producers_with_two_outputs_are_no_candidates():
@@ -131,7 +136,7 @@ def test_joint_is_never_slower_than_either_answer_alone(case):
         g, hw, winner = fwd_bwd(fwd_ns=50_000, bwd_ns=100_000), simple_hardware(hbm=BUDGET, bw=1e9), "offload"
     else:
         # 100 B at 0.01 B/ns is 10 us each way against 1 us ops: recomputing wins.
-        budget = BUDGET if case == "slow-links" else 300  # at 300 recomputing alone cannot fit
+        budget = BUDGET if case == "slow-links" else 300  # at 300 recomputing at depth 1 cannot fit
         g, hw, winner = fwd_bwd(), simple_hardware(hbm=budget, bw=1e7), "recompute"
     singles = [run(g, hw, offload=False), run(g, hw, recompute=False)]
     for plan, tl in singles:
@@ -146,9 +151,9 @@ def test_joint_is_never_slower_than_either_answer_alone(case):
     else:
         assert plan.count(StepKind.RECOMPUTE) > 0 and plan.stats["recomputes"] > 0
     if case == "slow-links-tighter":
-        # Both answers at once: faster than offloading alone, where recomputing alone does not fit.
-        assert singles[0][0].status == "infeasible"
-        assert tl.metrics.makespan_ns < singles[1][1].metrics.makespan_ns and "offload" in plan.stats["answers"]
+        # Where the depth-1 selection cannot fit, the recompute chains do, and beat offloading on slow links.
+        assert any("recompute chains" in n for n in singles[0][0].notes)
+        assert tl.metrics.makespan_ns < singles[1][1].metrics.makespan_ns
 
 
 def test_recompute_false_is_the_offloading_planner():

@@ -1,0 +1,344 @@
+"""Greedy's recompute chains: a remat-only plan in a fixed order, by running the order against the budget.
+
+The gap selection (``greedy_select.py``) recomputes at depth 1: a dropped tensor's producer must find its inputs
+kept on HBM. Where what has to go is made from tensors that go too (Checkmate's random layered graphs at 80% of
+their peak), it finds no plan. This module finds one the way a rematerializing runtime would (DTR, Kirisame et
+al. 2021), but offline, knowing every future use:
+
+* ops run in the order; before an op, each input not on HBM is made again by re-running its producer, whose own
+  missing inputs are made first (a chain, to any depth);
+* whenever an allocation would go over the budget, a tensor on HBM that nothing running needs is dropped (a
+  Detach): the one whose re-run costs least per byte and per op until it is next read (Belady's farthest next
+  use, weighed by what remaking costs); a tensor no op reads again goes first;
+* a tensor is freed after its last read, except one that cannot be made again (its producer cannot re-run, or it
+  is no op's output), which is held while a chain might still need it.
+
+Only single-output producers re-run (as in the gap selection): a re-run makes every output not on HBM, so with one
+output what it allocates is exactly what the count adds. It moves nothing, so it applies only where nothing has to
+move (no tensor starts on a remote tier and is read); it returns None otherwise, or when some allocation cannot
+fit even with everything droppable dropped.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field, replace
+
+from planner.graph import Graph
+from planner.hardware import HBM
+from planner.placement import plan_placement
+from planner.plan import Plan, PlanStatus, ProgramBuilder
+from planner.planners.greedy_select import Context
+
+# How many levels of re-runs the choice of what to drop looks through; deeper chains rank after every shallower one.
+CHAIN_DEPTH = 8
+CHAIN_WIDTH = 64
+# Runs at most: each failed run names the dropped tensors the failing op could not get back, never dropped again.
+MAX_ATTEMPTS = 32
+# A run that re-runs more than this many ops per op of the order gives up (and names no one to blame).
+MAX_RECOMPUTES_PER_OP = 2
+
+
+@dataclass
+class _State:
+    """What is on HBM while the order runs, and the actions so far."""
+
+    budget: int
+    resident: dict[str, bool]
+    mem: int = 0
+    pins: dict[str, int] = field(default_factory=dict)
+    # ("detach" | "free" | "recompute" | "compute", name): a "free" is where a tensor leaves the count because it is
+    # not read again; it becomes a Detach only if a later step touches the tensor (else the executor frees it).
+    actions: list[tuple[str, str]] = field(default_factory=list)
+    recomputes: int = 0
+    peak: int = 0
+    on: set[str] = field(default_factory=set)  # the tensors resident, for the scan of what to drop
+
+
+def chains_apply(ctx: Context) -> bool:
+    """Whether a plan without transfers can exist in ``ctx``: no tensor read by an op starts on a remote tier."""
+    g = ctx.graph
+    return not any(gap.mandatory and not gap.droppable for gap in ctx.gaps) and not any(
+        g.tensors[t].pinned and g.tensors[t].home != HBM and ctx.acc[t] for t in g.tensors if t not in g.producer)
+
+
+def plan_remat_chains(ctx: Context, budget: int, name: str = "greedy") -> Plan | None:
+    """A remat-only plan of ``ctx``'s order within ``budget`` bytes (see the module doc), or None: nothing has to
+    move is not true, or some op cannot fit. The plan's options and stats are the caller's to fill in."""
+    if not chains_apply(ctx):
+        return None
+    keep: set[str] = set()
+    for _attempt in range(MAX_ATTEMPTS):
+        sim = _Chains(ctx, budget, frozenset(keep))
+        if sim.run():
+            return sim.emit(name)
+        if sim.blame <= keep:
+            return None
+        keep |= sim.blame
+    return None
+
+
+class _Chains:
+    def __init__(self, ctx: Context, budget: int, keep: frozenset[str] = frozenset()) -> None:
+        self.ctx, g = ctx, ctx.graph
+        self.keep = keep  # tensors never dropped: a run that dropped them could not make them again in time
+        self.blame: set[str] = set()  # after a failed run: the dropped tensors the failing op needed
+        self.dropped_once: set[str] = set()
+        self.max_recomputes = MAX_RECOMPUTES_PER_OP * ctx.n + 64
+        self.gave_up = False
+        self.g: Graph = g
+        n = ctx.n
+        self.pos = {op.name: i for i, op in enumerate(ctx.ops)}
+        reads: dict[str, list[int]] = {t: [] for t in g.tensors}
+        for i, op in enumerate(ctx.ops):
+            for t in op.reads:
+                reads[t].append(i)
+        self.reads = reads
+        updated = {t for t, ups in ctx.upd.items() if ups}
+        self.remakeable: dict[str, bool] = {}
+        for t, tensor in g.tensors.items():
+            p = g.producer.get(t)
+            op = g.op(p) if p is not None else None
+            self.remakeable[t] = bool(
+                op is not None and op.recomputable and len(op.outputs) == 1 and not tensor.persistent
+                and t not in updated and not any(x in updated for x in op.reads))
+        # How long each tensor may be needed: read, or read by a re-run that makes a tensor needed later.
+        need = {t: (reads[t][-1] if reads[t] else -1) for t in g.tensors}
+        for op in reversed(ctx.ops):
+            for c in op.outputs:
+                if self.remakeable[c]:
+                    for x in op.reads:
+                        need[x] = max(need[x], need[c])
+        self.free_at: dict[int, list[str]] = {}
+        self.last: dict[str, int] = {}  # the slot after which each tensor leaves the count by its own reads
+        self.redo_at: dict[int, list[str]] = {}  # re-runs scheduled early, by slot
+        start_resident = {}
+        for t, tensor in g.tensors.items():
+            produced = t in g.producer
+            on_hbm = not produced and ctx.spans[t] is not None and not (not reads[t] and not tensor.persistent)
+            start_resident[t] = on_hbm
+            if tensor.persistent:
+                continue
+            # Made again when needed: freed after the last read. Not remakeable: held while a chain may need it.
+            last = (reads[t][-1] if reads[t] else -1) if self.remakeable[t] else need[t]
+            if produced and last < self.pos[g.producer[t]]:
+                last = self.pos[g.producer[t]]  # never read: freed when its producer ends
+            if last >= 0 and (produced or on_hbm):
+                self.free_at.setdefault(min(last, n - 1), []).append(t)
+                self.last[t] = min(last, n - 1)
+        self.state = _State(budget, start_resident, sum(g.tensors[t].bytes for t, r in start_resident.items() if r),
+                            on={t for t, r in start_resident.items() if r})
+        # Tensors that start on HBM but nothing reads and nothing keeps: dropped at once (greedy's droppable gaps).
+        self.dropped = [t for t, tensor in g.tensors.items()
+                        if t not in g.producer and not reads[t] and not tensor.persistent and ctx.spans[t] is not None]
+        self.dur = {op.name: int(d) for op, d in zip(ctx.ops, ctx.dur.tolist())}
+        self.ws = [g.working_set(op) for op in ctx.ops]
+        # Per remakeable tensor: its producer's reads and duration; per tensor: bytes and last read.
+        self.preads = {t: g.op(g.producer[t]).reads for t in g.tensors if self.remakeable[t]}
+        self.pdur = {t: self.dur[g.producer[t]] for t in self.preads}
+        self.size = {t: tensor.bytes for t, tensor in g.tensors.items()}
+        self.last_read = {t: (r[-1] if r else -1) for t, r in reads.items()}
+
+    # -- the run
+    def run(self) -> bool:
+        s, g = self.state, self.g
+        for t in self.dropped:
+            s.actions.append(("detach", t))
+        if s.mem > s.budget:
+            return False
+        for i, op in enumerate(self.ctx.ops):
+            made: list[str] = []
+            for t in self.redo_at.pop(i, []):
+                if not s.resident[t] and self._next_read(t, i) is not None and not self._ensure([t], i, made):
+                    self.blame = set() if self.gave_up else {t}
+                    return False
+            missing = {t for t in op.reads if not s.resident[t] and t in self.dropped_once}
+            self._pin(op.reads)
+            if not self._ensure(list(op.reads), i, made):
+                self.blame = set() if self.gave_up else missing
+                return False
+            new = sum(g.tensors[t].bytes for t in op.outputs)
+            if not self._room(new + op.workspace_bytes, i):
+                return False
+            s.actions.append(("compute", op.name))
+            for t in op.outputs:
+                s.resident[t] = True
+                s.on.add(t)
+            s.mem += new
+            self._unpin(op.reads)
+            s.peak = max(s.peak, s.mem + op.workspace_bytes)
+            # Freed after the op: tensors past their last read (or need) and what a chain made for this op only.
+            for t in dict.fromkeys(made + self.free_at.get(i, [])):
+                if s.resident[t] and self._next_read(t, i + 1) is None:
+                    self._drop(t, "free")
+        return True
+
+    def _ensure(self, targets: list[str], i: int, made: list[str]) -> bool:
+        """Make every tensor of ``targets`` resident before op ``i`` (a chain of re-runs); False when it cannot."""
+        s, g = self.state, self.g
+        stack = [t for t in reversed(targets) if not s.resident[t]]
+        pushed: set[str] = set()
+        while stack:
+            x = stack[-1]
+            if s.resident[x]:
+                stack.pop()
+                continue
+            if not self.remakeable[x]:
+                return False
+            op = g.op(g.producer[x])
+            if x not in pushed:
+                pushed.add(x)
+                self._pin(op.reads)  # what this re-run reads stays while its own inputs are made
+            missing = [y for y in op.reads if not s.resident[y]]
+            if missing:
+                stack.extend(missing)
+                continue
+            if not self._room(g.tensors[x].bytes + op.workspace_bytes, i):
+                return False
+            s.peak = max(s.peak, s.mem + g.tensors[x].bytes + op.workspace_bytes)
+            s.actions.append(("recompute", op.name))
+            s.recomputes += 1
+            if s.recomputes > self.max_recomputes:
+                self.gave_up = True
+                return False  # thrashing: a plan re-running this much would not be worth having
+            s.resident[x] = True
+            s.on.add(x)
+            s.mem += g.tensors[x].bytes
+            self._unpin(op.reads)
+            pushed.discard(x)
+            made.append(x)
+            stack.pop()
+        return True
+
+    def _room(self, nbytes: int, i: int) -> bool:
+        """Drop tensors until ``nbytes`` more fit in the budget (op ``i`` is next); False when nothing more can go."""
+        s = self.state
+        while s.mem + nbytes > s.budget:
+            victim = self._victim(i)
+            if victim is None:
+                return False
+            t, when = victim
+            self._drop(t, "detach")
+            self.dropped_once.add(t)
+            if when is not None:
+                self.redo_at.setdefault(when, []).append(t)
+        return True
+
+    def _victim(self, i: int) -> tuple[str, int | None] | None:
+        """What to drop before op ``i``, and the slot to make it again at (None: before its next read, lazily).
+
+        Each candidate weighs what re-making costs against its bytes times the ops it is gone for, two ways: re-run
+        early, at the last slot its producer's inputs are all still on HBM by their own reads (one re-run, no chain),
+        or late, right before its next read (a chain when its inputs are gone by then)."""
+        s = self.state
+        best, best_key = None, None
+        bounded = []
+        for t in s.on:
+            if not self.remakeable[t] or s.pins.get(t, 0) or t in self.keep:
+                continue
+            nxt = self._next_read(t, i)
+            b = max(1, self.size[t])
+            if nxt is None:
+                key = (0, 0.0, -b, t)
+                if best_key is None or key < best_key:
+                    best, best_key = (t, None), key
+            else:
+                # Either way costs at least the producer's re-run over at most the ops until the next read.
+                bounded.append(((1, self.pdur[t] / (b * (nxt - i + 1)), -b, t), t, nxt, b))
+        if best is not None:
+            return best
+        bounded.sort()
+        for bound, t, nxt, b in bounded:
+            if best_key is not None and bound >= best_key:
+                break
+            cost, deep, held = self._remake_ns(t, nxt)
+            # A chain that needs more than the budget beside what its reader holds will not fit then.
+            tight = held + self.ws[nxt] > s.budget
+            key, when = (1 + deep + tight, cost / (b * (nxt - i + 1)), -b, t), None
+            early = min([nxt] + [self._kept_until(y) for y in self.preads[t]])
+            if early > i:
+                alt = (1, self.pdur[t] / (b * (early - i)), -b, t)
+                if alt < key:
+                    key, when = alt, early
+            if best_key is None or key < best_key:
+                best, best_key = (t, when), key
+        return best
+
+    def _kept_until(self, y: str) -> int:
+        """The last slot ``y`` is on HBM by its own reads (-1: not on HBM now)."""
+        if not self.state.resident[y]:
+            return -1
+        if self.g.tensors[y].persistent:
+            return self.ctx.n
+        return self.last[y]
+
+    def _remake_ns(self, t: str, when: int) -> tuple[int, int, int]:
+        """(what re-making ``t`` before op ``when`` would cost, 1 if its chain is deeper than ``CHAIN_DEPTH`` or wider
+        than ``CHAIN_WIDTH`` re-runs, the bytes the chain's re-runs read and make): its producer's re-run and those of
+        every input gone by then (DTR's evicted neighbourhood, but at the next read: an input freed after its last
+        read has to be made again)."""
+        resident, remakeable, last, size = self.state.resident, self.remakeable, self.last_read, self.size
+        cost, held, frontier, seen = 0, 0, [t], {t}
+        for _depth in range(CHAIN_DEPTH):
+            nxt: list[str] = []
+            for x in frontier:
+                cost += self.pdur[x]
+                held += size[x]
+                for y in self.preads[x]:
+                    if y in seen:
+                        continue
+                    seen.add(y)
+                    if remakeable[y] and (not resident[y] or last[y] < when):
+                        nxt.append(y)
+                    else:
+                        held += size[y]
+            if not nxt:
+                return cost, 0, held
+            if len(seen) > CHAIN_WIDTH:
+                break
+            frontier = nxt
+        return cost, 1, held
+
+    def _drop(self, t: str, why: str) -> None:
+        s = self.state
+        s.resident[t] = False
+        s.on.discard(t)
+        s.mem -= self.g.tensors[t].bytes
+        s.actions.append((why, t))
+
+    def _next_read(self, t: str, i: int) -> int | None:
+        r = self.reads[t]
+        k = bisect.bisect_left(r, i)
+        return r[k] if k < len(r) else None
+
+    def _pin(self, names) -> None:
+        for t in names:
+            self.state.pins[t] = self.state.pins.get(t, 0) + 1
+
+    def _unpin(self, names) -> None:
+        for t in names:
+            self.state.pins[t] -= 1
+
+    # -- the program
+    def emit(self, name: str) -> Plan:
+        g, actions = self.g, self.state.actions
+        last_touch: dict[str, int] = {}
+        for k, (kind, target) in enumerate(actions):
+            if kind in ("compute", "recompute"):
+                op = g.op(target)
+                for t in op.reads + op.outputs:
+                    last_touch[t] = k
+        pb = ProgramBuilder()
+        for k, (kind, target) in enumerate(actions):
+            if kind == "compute":
+                pb.compute(target)
+            elif kind == "recompute":
+                pb.recompute(target)
+            elif last_touch.get(target, -1) > k or (kind == "detach" and target in self.dropped):
+                pb.detach(target)
+        return replace(pb.build(g.name, name), status=PlanStatus.FEASIBLE,
+                       placement=plan_placement(g, self.ctx.unused_remote),
+                       stats={"recomputes": self.state.recomputes, "estimated_peak_hbm_bytes": self.state.peak})
+
+
+__all__ = ["chains_apply", "plan_remat_chains"]

@@ -1,0 +1,115 @@
+"""Greedy's recompute chains (``greedy_remat``): a remat-only plan where the depth-1 selection finds none.
+
+On the forward/backward chain at 280 B, every activation but one pair has to go and each backward op needs one
+made again from the input through the forward ops: a chain. The selection recomputes at depth 1 and stays over the
+budget; the chains fit, and the executor validates the plan, its peak and its time (compute plus re-runs).
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import SHARED, simple_hardware
+from test_greedy_recompute import compute_ns, fwd_bwd
+
+from planner import api, bench
+from planner.executor import simulate
+from planner.graph import Graph, Op, Tensor, TensorKind
+from planner.hardware import HBM
+from planner.plan import StepKind
+from planner.planners.greedy import DEFAULTS, plan_greedy
+from planner.planners.greedy_remat import chains_apply, plan_remat_chains
+from planner.planners.greedy_select import Answers, Context, select_gaps
+
+TIGHT = 280  # fwd_bwd(6): x, two activations of a chain, the gradients in flight
+
+
+def remat_context(g: Graph, budget: int, order: str = "graph") -> Context:
+    return Context(g, simple_hardware(hbm=budget), order, Answers(offload=False))
+
+
+def test_chains_fit_where_the_depth_one_selection_cannot():
+    g = fwd_bwd(n=6)
+    ctx = remat_context(g, TIGHT)
+    d = DEFAULTS
+    _gaps, _count, over = select_gaps(ctx, TIGHT, d["select_distance"], d["select_num"], d["prefetch_distance"],
+                                      d["release_distance"])
+    assert over is not None  # the selection alone stays over the budget
+    plan = plan_remat_chains(ctx, TIGHT)
+    assert plan is not None
+    tl = simulate(g, simple_hardware(hbm=TIGHT), plan)
+    assert tl.valid, tl.violations[:3]
+    assert tl.metrics.peak_bytes[HBM] <= TIGHT
+    redo = [s for s in plan.steps if s.kind is StepKind.RECOMPUTE]
+    redo_ns = sum(round(g.op(s.target).duration_s * 1e9) for s in redo)
+    assert tl.metrics.recompute_ns == redo_ns
+    assert tl.metrics.makespan_ns == compute_ns(g) + redo_ns  # nothing moves: the compute stream never waits
+    # A chain: some re-run reads what an earlier re-run of the same slot made again.
+    made_by_redo = set()
+    chained = False
+    for s in plan.steps:
+        if s.kind is StepKind.RECOMPUTE:
+            op = g.op(s.target)
+            chained = chained or any(t in made_by_redo for t in op.inputs)
+            made_by_redo.update(op.outputs)
+        elif s.kind is StepKind.COMPUTE:
+            made_by_redo.clear()
+    assert chained
+
+
+def test_greedy_remat_only_returns_the_chains_plan():
+    g = fwd_bwd(n=6)
+    hw = simple_hardware(hbm=TIGHT)
+    plan = plan_greedy(g, hw, offload=False)
+    tl = simulate(g, hw, plan)
+    assert tl.valid and tl.metrics.peak_bytes[HBM] <= TIGHT
+    assert plan.options["offload"] is False and plan.options["recompute"] is True
+    assert plan.count(StepKind.PREFETCH) == plan.count(StepKind.STORE) == 0
+    assert any("recompute chains" in n for n in plan.notes)
+
+
+def test_chains_are_deterministic():
+    g = fwd_bwd(n=6)
+    a = plan_remat_chains(remat_context(g, TIGHT), TIGHT)
+    b = plan_remat_chains(remat_context(g, TIGHT), TIGHT)
+    assert a is not None and a.steps == b.steps
+
+
+def test_below_what_any_chain_needs_there_is_no_plan():
+    g = fwd_bwd(n=6)
+    assert plan_remat_chains(remat_context(g, 200), 200) is None
+    assert not simulate(g, simple_hardware(hbm=200), plan_greedy(g, simple_hardware(hbm=200), offload=False)).valid
+
+
+def test_chains_do_not_apply_where_a_tensor_must_move():
+    t = [Tensor("x", 10, TensorKind.INPUT), Tensor("w", 10, TensorKind.WEIGHT, home="host"), Tensor("y", 10),
+         Tensor("z", 10, TensorKind.OUTPUT)]
+    ops = [Op("p", "F", ("x", "w"), ("y",), duration_s=1e-6), Op("q", "F", ("y",), ("z",), duration_s=1e-6)]
+    g = Graph.build("fetch", t, ops)
+    ctx = remat_context(g, 1000)
+    assert not chains_apply(ctx)
+    assert plan_remat_chains(ctx, 1000) is None
+
+
+def test_forbidden_recompute_is_never_used():
+    g = fwd_bwd(n=6, forbid=True)
+    assert plan_remat_chains(remat_context(g, TIGHT), TIGHT) is None
+    roomy = 2000
+    plan = plan_remat_chains(remat_context(g, roomy), roomy)
+    assert plan is not None and plan.count(StepKind.RECOMPUTE) == 0
+    assert simulate(g, simple_hardware(hbm=roomy), plan).valid
+
+
+RANDOM_N100 = SHARED / "graphs" / "checkmate" / "random_layered_n100_w0.27_nlv0.75_ed0.2_scd0.14.json"
+
+
+@pytest.mark.skipif(not RANDOM_N100.is_file(), reason="../shared/graphs/checkmate is not here")
+def test_checkmate_random_graph_gets_a_remat_only_plan_at_80_percent():
+    # Issue 13: before the chains, neither greedy nor cpsat found a remat-only plan here.
+    g = api.load_graph(RANDOM_N100, size_unit_bytes=1e6)
+    peak = bench.no_offload_reference(g, "ascend-910c", {}, order="graph").metrics.peak_bytes[HBM]
+    hw = api.hardware("ascend-910c", hbm=str(int(peak * 0.8)))
+    plan = plan_greedy(g, hw, offload=False)
+    tl = simulate(g, hw, plan)
+    assert tl.valid, tl.violations[:3]
+    assert tl.metrics.peak_bytes[HBM] <= hw.hbm_bytes
+    assert sum(tl.metrics.bytes_moved.values()) == 0
