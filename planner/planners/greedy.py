@@ -190,6 +190,25 @@ def no_offload_end_bytes(graph: Graph) -> int:
 
 def _plan_offloading(ctx: Context, settings: Settings, offsets: bool, name: str, deadline: float | None = None
                      ) -> Planned:
+    """The plan with its offsets (``_placed``), or on graphs up to ``CHAINS_MAX_OPS`` ops the recompute chains run
+    with addresses (static offsets that fit by construction) when that is faster: where fragmentation leaves a plan
+    to the caching allocator, or makes it plan for a lower budget."""
+    out = _placed(ctx, settings, offsets, name, deadline)
+    if not (offsets and ctx.answers.recompute and ctx.n <= CHAINS_MAX_OPS and chains_apply(ctx)):
+        return out
+    if out.timeline.valid and out.timeline.metrics.allocator == "static" and out.plan.stats.get(
+            "offset_attempts") == 1:
+        return out  # placed at the full budget: the chains planned with addresses cannot fit better
+    plan = _chains_plan(ctx, settings, ctx.hw.hbm_bytes, name, addresses=True)
+    if plan is None:
+        return out
+    timeline = simulate(ctx.graph, ctx.hw, plan)
+    if timeline.valid and (not out.timeline.valid or timeline.metrics.makespan_ns < out.timeline.metrics.makespan_ns):
+        return Planned(plan, timeline)
+    return out
+
+
+def _placed(ctx: Context, settings: Settings, offsets: bool, name: str, deadline: float | None = None) -> Planned:
     t0 = time.monotonic()
     budget = ctx.hw.hbm_bytes
     g, hw = ctx.graph, ctx.hw
@@ -320,16 +339,25 @@ def _plan_checked(ctx: Context, settings: Settings, budget: int, name: str) -> t
         if checked[0] < best[0]:
             best = checked
     if answers.recompute and (best[0][0] or ctx.n <= CHAINS_MAX_OPS) and chains_apply(ctx):
-        chains = plan_remat_chains(ctx, budget, name)
+        chains = _chains_plan(ctx, settings, budget, name)
         if chains is not None:
-            options = dict(settings.as_dict(), order=ctx.order_name, **answers.options())
-            stats = dict(chains.stats, planning_budget_bytes=int(budget), answers=["recompute"], gaps_offloaded=0,
-                         stores=0, prefetches=0)
-            checked = _checked(ctx, replace(chains, options=options, stats=stats, notes=(
-                "recompute chains (greedy_remat): the gap selection's plan was slower or did not fit",)))
+            checked = _checked(ctx, chains)
             if checked[0] < best[0]:
                 best = checked
     return best[1], best[2]
+
+
+def _chains_plan(ctx: Context, settings: Settings, budget: int, name: str, addresses: bool = False) -> Plan | None:
+    """The recompute chains' plan (``greedy_remat``) with greedy's options and stats, or None."""
+    chains = plan_remat_chains(ctx, budget, name, addresses)
+    if chains is None:
+        return None
+    options = dict(settings.as_dict(), order=ctx.order_name, **ctx.answers.options())
+    stats = dict(chains.stats, planning_budget_bytes=int(budget), answers=["recompute"], gaps_offloaded=0, stores=0,
+                 prefetches=0)
+    why = ("recompute chains (greedy_remat), placed as they ran: the other plans were slower once placed"
+           if addresses else "recompute chains (greedy_remat): the gap selection's plan was slower or did not fit")
+    return replace(chains, options=options, stats=stats, notes=(why,))
 
 
 def _remat_may_fit(ctx: Context, budget: int) -> bool:

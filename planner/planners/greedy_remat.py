@@ -33,6 +33,7 @@ from planner.placement import plan_placement
 from planner.plan import Plan, PlanStatus, ProgramBuilder
 from planner.planners.greedy_select import Context
 
+WORKSPACE = "workspace:"  # the executor's name of an op's workspace allocation
 # How many levels of re-runs the choice of what to drop looks through; deeper chains rank after every shallower one.
 CHAIN_DEPTH = 8
 CHAIN_WIDTH = 64
@@ -83,25 +84,30 @@ def chains_apply(ctx: Context) -> bool:
         g.tensors[t].pinned and g.tensors[t].home != HBM and ctx.acc[t] for t in g.tensors if t not in g.producer)
 
 
-def plan_remat_chains(ctx: Context, budget: int, name: str = "greedy") -> Plan | None:
+def plan_remat_chains(ctx: Context, budget: int, name: str = "greedy", addresses: bool = False) -> Plan | None:
     """A remat-only plan of ``ctx``'s order within ``budget`` bytes (see the module doc), or None: nothing has to
-    move is not true, or some op cannot fit. The plan's options and stats are the caller's to fill in."""
+    move is not true, or some op cannot fit. The plan's options and stats are the caller's to fill in.
+
+    ``addresses``: place every allocation in the address space as the run goes (best fit, dropping tensors until a
+    hole fits), and return the plan with those static offsets, which fit the budget by construction. Without, only
+    bytes count: the plan can fit tighter, but its offsets, assigned afterwards, may need more than the budget
+    (fragmentation: Checkmate's random graphs run out of holes at 80-90% of their peak)."""
     if not chains_apply(ctx):
         return None
     best: _Chains | None = None
     for policy in POLICIES:
-        sim = _run(ctx, budget, policy)
+        sim = _run(ctx, budget, policy, addresses)
         if sim is not None and (best is None or sim.redo_ns < best.redo_ns):
             best = sim
     return None if best is None else best.emit(name)
 
 
-def _run(ctx: Context, budget: int, policy: Policy) -> _Chains | None:
+def _run(ctx: Context, budget: int, policy: Policy, addresses: bool) -> _Chains | None:
     """A successful run under ``policy``, or None. A failed run names the dropped tensors the failing op could not
     get back; they are never dropped in the next run."""
     keep: set[str] = set()
     for _attempt in range(MAX_ATTEMPTS):
-        sim = _Chains(ctx, budget, frozenset(keep), policy)
+        sim = _Chains(ctx, budget, frozenset(keep), policy, addresses)
         if sim.run():
             return sim
         if sim.blame <= keep:
@@ -110,9 +116,70 @@ def _run(ctx: Context, budget: int, policy: Policy) -> _Chains | None:
     return None
 
 
+class _Space:
+    """The run's HBM addresses: free holes, best fit (the smallest hole that fits, the lowest on a tie). The run
+    places every allocation here, so its plan carries static offsets that fit the budget by construction."""
+
+    def __init__(self, capacity: int) -> None:
+        self.holes: dict[int, int] = {0: capacity} if capacity > 0 else {}  # start -> end
+        self.by_end: dict[int, int] = {capacity: 0} if capacity > 0 else {}  # end -> start
+
+    def fit(self, size: int) -> int | None:
+        best = None
+        for start, end in self.holes.items():
+            if end - start >= size and (best is None or (end - start, start) < best):
+                best = (end - start, start)
+        return None if best is None else best[1]
+
+    def take(self, off: int, size: int) -> None:
+        end = self.holes.pop(off)
+        del self.by_end[end]
+        if off + size < end:
+            self.holes[off + size] = end
+            self.by_end[end] = off + size
+
+    def give(self, off: int, size: int) -> None:
+        start, end = off, off + size
+        if start in self.by_end:  # the hole below
+            start = self.by_end.pop(start)
+            del self.holes[start]
+        if end in self.holes:  # the hole above
+            old = end
+            end = self.holes.pop(old)
+            del self.by_end[end]
+        self.holes[start] = end
+        self.by_end[end] = start
+
+    def merged(self, off: int, size: int) -> int:
+        """The hole freeing ``size`` bytes at ``off`` would leave, with its free neighbours."""
+        below = off - self.by_end[off] if off in self.by_end else 0
+        above = self.holes[off + size] - (off + size) if off + size in self.holes else 0
+        return below + size + above
+
+
+class _Count:
+    """``_Space``'s interface without addresses: only the bytes in use count (fragmentation is left to the
+    offsets assigned afterwards)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity, self.used = capacity, 0
+
+    def fit(self, size: int) -> int | None:
+        return 0 if self.used + size <= self.capacity else None
+
+    def take(self, off: int, size: int) -> None:
+        self.used += size
+
+    def give(self, off: int, size: int) -> None:
+        self.used -= size
+
+    def merged(self, off: int, size: int) -> float:
+        return float("inf")
+
+
 class _Chains:
-    def __init__(self, ctx: Context, budget: int, keep: frozenset[str] = frozenset(), policy: Policy | None = None
-                 ) -> None:
+    def __init__(self, ctx: Context, budget: int, keep: frozenset[str] = frozenset(), policy: Policy | None = None,
+                 addresses: bool = False) -> None:
         self.ctx, g = ctx, ctx.graph
         self.policy = policy or POLICIES[0]
         self.keep = keep  # tensors never dropped: a run that dropped them could not make them again in time
@@ -161,8 +228,7 @@ class _Chains:
             if last >= 0 and (produced or on_hbm):
                 self.free_at.setdefault(min(last, n - 1), []).append(t)
                 self.last[t] = min(last, n - 1)
-        self.state = _State(budget, start_resident, sum(g.tensors[t].bytes for t, r in start_resident.items() if r),
-                            on={t for t, r in start_resident.items() if r})
+        self.state = _State(budget, start_resident)
         # Tensors that start on HBM but nothing reads and nothing keeps: dropped at once (greedy's droppable gaps).
         self.dropped = [t for t, tensor in g.tensors.items()
                         if t not in g.producer and not reads[t] and not tensor.persistent and ctx.spans[t] is not None]
@@ -173,14 +239,22 @@ class _Chains:
         self.pdur = {t: self.dur[g.producer[t]] for t in self.preads}
         self.size = {t: tensor.bytes for t, tensor in g.tensors.items()}
         self.last_read = {t: (r[-1] if r else -1) for t, r in reads.items()}
+        self.addresses = addresses
+        self.space: _Space | _Count = _Space(budget) if addresses else _Count(budget)
+        self.addr: dict[str, int] = {}  # allocation name -> offset, while allocated
+        self.offsets: dict[str, list[int]] = {}  # allocation name -> offset of each of its allocations, in order
 
     # -- the run
     def run(self) -> bool:
-        s, g = self.state, self.g
-        for t in self.dropped:
+        s = self.state
+        for t in self.dropped:  # on HBM at time 0 and dropped then: any address
+            self.offsets.setdefault(t, []).append(0)
             s.actions.append(("detach", t))
-        if s.mem > s.budget:
-            return False
+        for t, on in s.resident.items():
+            if on:
+                if not self._alloc(t, self.size[t], 0):
+                    return False
+                s.on.add(t)
         for i, op in enumerate(self.ctx.ops):
             made: list[str] = []
             for t in self.redo_at.pop(i, []):
@@ -192,21 +266,50 @@ class _Chains:
             if not self._ensure(list(op.reads), i, made):
                 self.blame = set() if self.gave_up else missing
                 return False
-            new = sum(g.tensors[t].bytes for t in op.outputs)
-            if not self._room(new + op.workspace_bytes, i):
+            for t in op.outputs:
+                if not self._alloc(t, self.size[t], i):
+                    return False
+                s.resident[t] = True  # not yet a candidate to drop (not in ``on``) while the others are placed
+            if not self._alloc(WORKSPACE + op.name, op.workspace_bytes, i):
                 return False
             s.actions.append(("compute", op.name))
-            for t in op.outputs:
-                s.resident[t] = True
-                s.on.add(t)
-            s.mem += new
+            s.peak = max(s.peak, s.mem)
+            self._release(WORKSPACE + op.name, op.workspace_bytes)
+            s.on.update(op.outputs)
             self._unpin(op.reads)
-            s.peak = max(s.peak, s.mem + op.workspace_bytes)
             # Freed after the op: tensors past their last read (or need) and what a chain made for this op only.
             for t in dict.fromkeys(made + self.free_at.get(i, [])):
                 if s.resident[t] and self._next_read(t, i + 1) is None:
                     self._drop(t, "free")
         return True
+
+    def _alloc(self, name: str, size: int, i: int) -> bool:
+        """Place ``size`` bytes for ``name`` before op ``i``, dropping tensors until a hole fits; False when nothing
+        more can go."""
+        if size == 0:
+            self.offsets.setdefault(name, []).append(0)
+            self.addr[name] = 0
+            return True
+        while (off := self.space.fit(size)) is None:
+            victim = self._victim(i, size)
+            if victim is None:
+                return False
+            t, when = victim
+            self._drop(t, "detach")
+            self.dropped_once.add(t)
+            if when is not None:
+                self.redo_at.setdefault(when, []).append(t)
+        self.space.take(off, size)
+        self.addr[name] = off
+        self.offsets.setdefault(name, []).append(off)
+        self.state.mem += size
+        return True
+
+    def _release(self, name: str, size: int) -> None:
+        off = self.addr.pop(name)
+        if size:
+            self.space.give(off, size)
+            self.state.mem -= size
 
     def _ensure(self, targets: list[str], i: int, made: list[str]) -> bool:
         """Make every tensor of ``targets`` resident before op ``i`` (a chain of re-runs); False when it cannot."""
@@ -228,40 +331,29 @@ class _Chains:
             if missing:
                 stack.extend(missing)
                 continue
-            if not self._room(g.tensors[x].bytes + op.workspace_bytes, i):
+            if not self._alloc(x, self.size[x], i):
                 return False
-            s.peak = max(s.peak, s.mem + g.tensors[x].bytes + op.workspace_bytes)
+            s.resident[x] = True
+            if not self._alloc(WORKSPACE + op.name, op.workspace_bytes, i):
+                return False
+            s.peak = max(s.peak, s.mem)
+            self._release(WORKSPACE + op.name, op.workspace_bytes)
             s.actions.append(("recompute", op.name))
             s.recomputes += 1
             self.redo_ns += self.dur[op.name]
             if s.recomputes > self.max_recomputes:
                 self.gave_up = True
                 return False  # thrashing: a plan re-running this much would not be worth having
-            s.resident[x] = True
             s.on.add(x)
-            s.mem += g.tensors[x].bytes
             self._unpin(op.reads)
             pushed.discard(x)
             made.append(x)
             stack.pop()
         return True
 
-    def _room(self, nbytes: int, i: int) -> bool:
-        """Drop tensors until ``nbytes`` more fit in the budget (op ``i`` is next); False when nothing more can go."""
-        s = self.state
-        while s.mem + nbytes > s.budget:
-            victim = self._victim(i)
-            if victim is None:
-                return False
-            t, when = victim
-            self._drop(t, "detach")
-            self.dropped_once.add(t)
-            if when is not None:
-                self.redo_at.setdefault(when, []).append(t)
-        return True
-
-    def _victim(self, i: int) -> tuple[str, int | None] | None:
-        """What to drop before op ``i``, and the slot to make it again at (None: before its next read, lazily).
+    def _victim(self, i: int, need: int) -> tuple[str, int | None] | None:
+        """What to drop before op ``i`` to place ``need`` bytes, and the slot to make it again at (None: before its
+        next read, lazily). Tensors whose address, with the free holes beside it, makes room first.
 
         Each candidate weighs what re-making costs against its bytes times the ops it is gone for, two ways: re-run
         early, at the last slot its producer's inputs are all still on HBM by their own reads (one re-run, no chain),
@@ -274,26 +366,29 @@ class _Chains:
                 continue
             nxt = self._next_read(t, i)
             b = max(1, self.size[t])
+            # Dropping it must open a hole the allocation fits in (with its free neighbours) to free an address.
+            short = int(self.space.merged(self.addr[t], self.size[t]) < need)
             if nxt is None:
-                key = (0, 0.0, -b, t)
-                if best_key is None or key < best_key:
-                    best, best_key = (t, None), key
+                bounded.append(((short, 0, 0.0, -b, t), t, None, b))
             else:
                 # Either way costs at least the producer's re-run over at most the ops until the next read.
-                bounded.append(((1, self.pdur[t] / (b * (nxt - i + 1) ** self.policy.reach), -b, t), t, nxt, b))
-        if best is not None:
-            return best
+                bounded.append(((short, 1, self.pdur[t] / (b * (nxt - i + 1) ** self.policy.reach), -b, t), t, nxt,
+                                b))
         bounded.sort()
         for bound, t, nxt, b in bounded:
             if best_key is not None and bound >= best_key:
                 break
+            if nxt is None:
+                best, best_key = (t, None), bound
+                continue
+            short = bound[0]
             cost, deep, held = self._remake_ns(t, nxt)
             # A chain that needs more than the budget beside what its reader holds will not fit then.
             tight = self.policy.tight and held + self.ws[nxt] > s.budget
-            key, when = (1 + deep + tight, cost / (b * (nxt - i + 1) ** self.policy.reach), -b, t), None
+            key, when = (short, 1 + deep + tight, cost / (b * (nxt - i + 1) ** self.policy.reach), -b, t), None
             early = min([nxt] + [self._kept_until(y) for y in self.preads[t]])
             if early > i and self.policy.early:
-                alt = (1, self.pdur[t] / (b * (early - i) ** self.policy.reach), -b, t)
+                alt = (short, 1, self.pdur[t] / (b * (early - i) ** self.policy.reach), -b, t)
                 if alt < key:
                     key, when = alt, early
             if best_key is None or key < best_key:
@@ -339,7 +434,7 @@ class _Chains:
         s = self.state
         s.resident[t] = False
         s.on.discard(t)
-        s.mem -= self.g.tensors[t].bytes
+        self._release(t, self.size[t])
         s.actions.append((why, t))
 
     def _next_read(self, t: str, i: int) -> int | None:
@@ -372,7 +467,8 @@ class _Chains:
                 pb.recompute(target)
             elif last_touch.get(target, -1) > k or (kind == "detach" and target in self.dropped):
                 pb.detach(target)
-        return replace(pb.build(g.name, name), status=PlanStatus.FEASIBLE,
+        offsets = {k: (v[0] if len(v) == 1 else v) for k, v in self.offsets.items()} if self.addresses else {}
+        return replace(pb.build(g.name, name), status=PlanStatus.FEASIBLE, offsets=offsets,
                        placement=plan_placement(g, self.ctx.unused_remote),
                        stats={"recomputes": self.state.recomputes, "estimated_peak_hbm_bytes": self.state.peak})
 

@@ -113,3 +113,25 @@ def test_checkmate_random_graph_gets_a_remat_only_plan_at_80_percent():
     assert tl.valid, tl.violations[:3]
     assert tl.metrics.peak_bytes[HBM] <= hw.hbm_bytes
     assert sum(tl.metrics.bytes_moved.values()) == 0
+
+
+def test_chains_with_addresses_carry_static_offsets_that_fit():
+    g = fwd_bwd(n=6)
+    budget = 320
+    hw = simple_hardware(hbm=budget)
+    plan = plan_remat_chains(remat_context(g, budget), budget, addresses=True)
+    assert plan is not None and plan.offsets
+    tl = simulate(g, hw, plan)
+    assert tl.valid, [v.describe() for v in tl.violations[:3]]
+    assert tl.metrics.allocator == "static" and tl.metrics.offset_height_bytes <= budget
+    # Without addresses the same run keeps offsets to the caller.
+    assert not plan_remat_chains(remat_context(g, budget), budget).offsets
+
+
+def test_addresses_make_the_run_drop_for_holes_not_bytes():
+    # Placing by address can only be as tight as counting bytes: below what the count needs there is no plan either.
+    g = fwd_bwd(n=6)
+    assert plan_remat_chains(remat_context(g, 260), 260, addresses=True) is None
+    placed = plan_remat_chains(remat_context(g, TIGHT), TIGHT, addresses=True)
+    if placed is not None:
+        assert simulate(g, simple_hardware(hbm=TIGHT), placed).valid
