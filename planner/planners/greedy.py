@@ -302,8 +302,8 @@ def _placed(ctx: Context, settings: Settings, offsets: bool, name: str, deadline
 
 def _cheap(t0: float, deadline: float | None) -> bool:
     """Whether more plans for the offsets' sake are cheap: no deadline (greedy on its own), or what planning took so far
-    is under a tenth of the time to the deadline (cpsat's starting plan: its search needs the rest)."""
-    return deadline is None or 10 * (time.monotonic() - t0) < deadline - t0
+    is under a quarter of the time to the deadline (cpsat's starting plan: its search needs the rest)."""
+    return deadline is None or 4 * (time.monotonic() - t0) < deadline - t0
 
 
 def _plan_checked(ctx: Context, settings: Settings, budget: int, name: str) -> tuple[Plan, Timeline]:
