@@ -95,19 +95,20 @@ def plan_remat_chains(ctx: Context, budget: int, name: str = "greedy", addresses
     if not chains_apply(ctx):
         return None
     best: _Chains | None = None
+    facts = _Facts(ctx)
     for policy in POLICIES:
-        sim = _run(ctx, budget, policy, addresses)
+        sim = _run(ctx, facts, budget, policy, addresses)
         if sim is not None and (best is None or sim.redo_ns < best.redo_ns):
             best = sim
     return None if best is None else best.emit(name)
 
 
-def _run(ctx: Context, budget: int, policy: Policy, addresses: bool) -> _Chains | None:
+def _run(ctx: Context, facts: _Facts, budget: int, policy: Policy, addresses: bool) -> _Chains | None:
     """A successful run under ``policy``, or None. A failed run names the dropped tensors the failing op could not
     get back; they are never dropped in the next run."""
     keep: set[str] = set()
     for _attempt in range(MAX_ATTEMPTS):
-        sim = _Chains(ctx, budget, frozenset(keep), policy, addresses)
+        sim = _Chains(ctx, facts, budget, frozenset(keep), policy, addresses)
         if sim.run():
             return sim
         if sim.blame <= keep:
@@ -177,17 +178,12 @@ class _Count:
         return float("inf")
 
 
-class _Chains:
-    def __init__(self, ctx: Context, budget: int, keep: frozenset[str] = frozenset(), policy: Policy | None = None,
-                 addresses: bool = False) -> None:
-        self.ctx, g = ctx, ctx.graph
-        self.policy = policy or POLICIES[0]
-        self.keep = keep  # tensors never dropped: a run that dropped them could not make them again in time
-        self.blame: set[str] = set()  # after a failed run: the dropped tensors the failing op needed
-        self.dropped_once: set[str] = set()
-        self.max_recomputes = MAX_RECOMPUTES_PER_OP * ctx.n + 64
-        self.gave_up = False
-        self.redo_ns = 0  # the re-runs' compute time: with nothing moving, the plan's makespan less the compute
+class _Facts:
+    """What every run on one order shares, computed once: reads, which tensors can be made again, how long each is
+    needed, when each leaves the count, durations and sizes."""
+
+    def __init__(self, ctx: Context) -> None:
+        g = ctx.graph
         self.g: Graph = g
         n = ctx.n
         self.pos = {op.name: i for i, op in enumerate(ctx.ops)}
@@ -213,7 +209,6 @@ class _Chains:
                         need[x] = max(need[x], need[c])
         self.free_at: dict[int, list[str]] = {}
         self.last: dict[str, int] = {}  # the slot after which each tensor leaves the count by its own reads
-        self.redo_at: dict[int, list[str]] = {}  # re-runs scheduled early, by slot
         start_resident = {}
         for t, tensor in g.tensors.items():
             produced = t in g.producer
@@ -228,7 +223,7 @@ class _Chains:
             if last >= 0 and (produced or on_hbm):
                 self.free_at.setdefault(min(last, n - 1), []).append(t)
                 self.last[t] = min(last, n - 1)
-        self.state = _State(budget, start_resident)
+        self.start_resident = start_resident
         # Tensors that start on HBM but nothing reads and nothing keeps: dropped at once (greedy's droppable gaps).
         self.dropped = [t for t, tensor in g.tensors.items()
                         if t not in g.producer and not reads[t] and not tensor.persistent and ctx.spans[t] is not None]
@@ -239,6 +234,25 @@ class _Chains:
         self.pdur = {t: self.dur[g.producer[t]] for t in self.preads}
         self.size = {t: tensor.bytes for t, tensor in g.tensors.items()}
         self.last_read = {t: (r[-1] if r else -1) for t, r in reads.items()}
+
+
+class _Chains:
+    def __init__(self, ctx: Context, facts: _Facts, budget: int, keep: frozenset[str] = frozenset(),
+                 policy: Policy | None = None, addresses: bool = False) -> None:
+        self.ctx = ctx
+        self.policy = policy or POLICIES[0]
+        self.keep = keep  # tensors never dropped: a run that dropped them could not make them again in time
+        self.blame: set[str] = set()  # after a failed run: the dropped tensors the failing op needed
+        self.dropped_once: set[str] = set()
+        self.max_recomputes = MAX_RECOMPUTES_PER_OP * ctx.n + 64
+        self.gave_up = False
+        self.redo_ns = 0  # the re-runs' compute time: with nothing moving, the plan's makespan less the compute
+        f = facts
+        self.g, self.pos, self.reads, self.remakeable = f.g, f.pos, f.reads, f.remakeable
+        self.free_at, self.last, self.dropped, self.dur, self.ws = f.free_at, f.last, f.dropped, f.dur, f.ws
+        self.preads, self.pdur, self.size, self.last_read = f.preads, f.pdur, f.size, f.last_read
+        self.redo_at: dict[int, list[str]] = {}  # re-runs scheduled early, by slot
+        self.state = _State(budget, dict(f.start_resident))
         self.addresses = addresses
         self.space: _Space | _Count = _Space(budget) if addresses else _Count(budget)
         self.addr: dict[str, int] = {}  # allocation name -> offset, while allocated
