@@ -60,6 +60,9 @@ CHAINS_MAX_OPS = 5000
 # On graphs up to this size, the search for a planning budget whose static offsets fit also steps back up (halfway
 # to the lowest budget that did not fit) after a budget too low to plan or one that fits: this many more plans.
 REFINE_MAX_OPS = 5000
+# Greedy's auto orders include the searched one (planner/order_search.py, a few seconds at 5,000 ops) up to this size.
+SEARCH_MAX_OPS = 5000
+SEARCH_GAIN = 0.01  # and only when it lowers their lowest peak by at least this share (else one more order to plan)
 REFINE_RETRIES = 3
 
 
@@ -125,11 +128,19 @@ def auto_contexts(graph: Graph, hw: Hardware, answers: Answers | None = None) ->
     """The orders greedy's ``auto`` plans, each prepared once: ``auto`` and, when they differ from it, the
     ``lowest-peak`` and ``store-release`` orders. Moving the store-back releases up can cost more offloading under
     a tight budget than it saves in link time (transformer_block at 1 GB: 151.6 against 132.2 ms), and running
-    layer by layer across micro-batches more still, for much less link-bound time when the budget allows."""
+    layer by layer across micro-batches more still, for much less link-bound time when the budget allows. On graphs
+    up to ``SEARCH_MAX_OPS`` ops whose orders all peak over the budget, also the ``searched`` order
+    (``planner/order_search.py``) when it peaks at least ``SEARCH_GAIN`` lower."""
     out = [Context(graph, hw, "auto", answers)]
     for name in ("lowest-peak", "store-release"):
         if all(named_order(graph, name) != c.order for c in out):
             out.append(Context(graph, hw, name, answers))
+    # Under memory pressure, the searched order too when it peaks lower: less is left to move or re-run.
+    if len(graph.ops) <= SEARCH_MAX_OPS:
+        peak = min(max(live_bytes(graph, c.order), default=0) for c in out)
+        if peak > hw.hbm_bytes and max(live_bytes(graph, named_order(graph, "searched")), default=0) < (
+                1 - SEARCH_GAIN) * peak:
+            out.append(Context(graph, hw, "searched", answers))
     return out
 
 

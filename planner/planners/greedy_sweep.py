@@ -95,11 +95,12 @@ def plan_greedy_sweep(
         chosen = [(c, k) for *_, c, k in ranked[:1]]
     else:
         # The best points of each order and its defaults, so that the sweep is never worse than the sweep or greedy's
-        # defaults on either order alone (static offsets can reorder points ranked without them).
+        # defaults on either order alone (static offsets can reorder points ranked without them). The defaults even
+        # when no point of the order was valid here: the full plan may still find one (the recompute chains).
         chosen = []
         for c in range(len(contexts)):
-            mine = [(c, k) for *_, c2, k in ranked if c2 == c]
-            chosen += mine[: max(1, int(finalists))] + [(c, 0)] * ((c, 0) in mine[max(1, int(finalists)):])
+            mine = [(c, k) for *_, c2, k in ranked if c2 == c][: max(1, int(finalists))]
+            chosen += mine + [(c, 0)] * ((c, 0) not in mine)
     best: tuple | None = None
     for c, k in chosen or [(0, 0)]:
         out = planned_with_context(contexts[c], points[k], offsets=offsets, name="greedy-sweep")

@@ -354,8 +354,18 @@ def starting_plan(run: Run, start: str = "auto") -> tuple[Plan, Timeline]:
                 # for static offsets stops only where it would overrun the limit: the starting plan is the
                 # fallback and usually the hint, worth the time.
                 answers = answers_of(run.recompute, run.offload)
-                out = min((planned_with_context(ctx, Settings(), deadline=run.deadline)
-                           for ctx in auto_contexts(g, hw, answers)), key=rank_planned)
+                outs = []
+                for ctx in auto_contexts(g, hw, answers):
+                    # The searched order is one more plan, worth it under memory pressure, but not at the cost of
+                    # the search after it: with a valid plan in hand, it may take a sixteenth of the time left
+                    # (estimated per op in deterministic runs, else as the plans so far took).
+                    each = len(g.ops) * SWEEP_S_PER_OP if run.deterministic else (time.monotonic() - t) / len(outs)
+                    if ctx.order_name == "searched" and any(o.timeline.valid for o in outs) and not _affordable(
+                            run, 4 * each):
+                        run.notes.append("greedy's searched order is not planned: more than the time left allows")
+                        continue
+                    outs.append(planned_with_context(ctx, Settings(), deadline=run.deadline))
+                out = min(outs, key=rank_planned)
                 greedy_order = out.plan.options.get("order", "auto")
                 cands.append((out.plan, out.timeline))
             else:
