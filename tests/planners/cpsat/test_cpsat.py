@@ -18,6 +18,7 @@ from planner.planners.cpsat.decode import plan_from_assignment
 from planner.planners.cpsat.hint import check
 from planner.planners.cpsat.model import Model, whole_frame
 from planner.planners.cpsat.run import Run
+from planner.planners.greedy import auto_contexts
 from planner.schedule import dumps_schedule, schedule_to_dict
 
 
@@ -125,6 +126,18 @@ def test_lns_windows_always_decode_to_valid_plans(monkeypatch):
     assert simulate(g, hw, plan).valid
     assert plan.stats["cpsat"]["lns"]["windows"] >= 2
     assert rejected == [], [tl.violations[0].describe() for *_x, tl in rejected]
+
+
+def test_the_starting_greedy_runs_on_every_order_with_several_workers_too():
+    # Two workers make the run time-based: the searched order's cost is estimated from the plans before it (a
+    # regression divided by their number before there was one, and greedy failed as a starting planner).
+    g = api.load_graph(GRAPHS / "llama3-8b-no2-4layers.json")
+    hw = api.hardware("ascend-910c", hbm=_budget(g, 0.6))
+    assert [c.order_name for c in auto_contexts(g, hw)][-1] == "searched"
+    plan = plan_cpsat(g, hw, time_limit=6, workers=2)
+    assert not [n for n in plan.notes if "starting planner" in n], plan.notes
+    assert plan.stats["cpsat"]["start_planner"].startswith("greedy")
+    assert simulate(g, hw, plan).valid
 
 
 def test_lns_path_gives_a_valid_plan_no_worse_than_the_start():
