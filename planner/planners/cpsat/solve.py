@@ -354,23 +354,11 @@ def starting_plan(run: Run, start: str = "auto") -> tuple[Plan, Timeline]:
                 # for static offsets stops only where it would overrun the limit: the starting plan is the
                 # fallback and usually the hint, worth the time.
                 answers = answers_of(run.recompute, run.offload)
-                outs = []
                 contexts = auto_contexts(g, hw, answers)
-                # The searched order is there only under memory pressure, where it peaks lowest: it goes first, and
-                # the other orders are planned after it while affordable.
-                searched = [c for c in contexts if c.order_name == "searched"]
-                contexts = searched + [c for c in contexts if c.order_name != "searched"]
-                for ctx in contexts:
-                    # With the searched order (remat-only on Checkmate's random n100 at 0.8: +4.0% against +139% in
-                    # auto), the others are extra plans, not worth the search's time: with a valid plan in hand, each
-                    # is planned when affordable (estimated per op in deterministic runs, else as plans so far took).
-                    if searched and any(o.timeline.valid for o in outs) and not _affordable(
-                            run, len(g.ops) * SWEEP_S_PER_OP if run.deterministic
-                            else (time.monotonic() - t) / len(outs)):
-                        run.notes.append(f"greedy's {ctx.order_name} order is not planned: more than the time left "
-                                         "allows")
-                        continue
-                    outs.append(planned_with_context(ctx, Settings(), deadline=run.deadline))
+                # With the searched order too (auto_contexts: only under memory pressure, where it peaks lowest;
+                # remat-only on Checkmate's random n100 at 0.8: +4.0% against +139% in auto). Every order is
+                # planned, as greedy does, in the same order (the searched one last, so the deadline can cut only it).
+                outs = [planned_with_context(ctx, Settings(), deadline=run.deadline) for ctx in contexts]
                 out = min(outs, key=rank_planned)
                 greedy_order = out.plan.options.get("order", "auto")
                 cands.append((out.plan, out.timeline))
