@@ -124,7 +124,8 @@ def answers_of(recompute: bool | str = True, offload: bool | str = True) -> Answ
     return Answers(offload=_flag(offload), recompute=_flag(recompute))
 
 
-def auto_contexts(graph: Graph, hw: Hardware, answers: Answers | None = None) -> list[Context]:
+def auto_contexts(graph: Graph, hw: Hardware, answers: Answers | None = None, searched: bool = True
+                  ) -> list[Context]:
     """The orders greedy's ``auto`` plans, each prepared once: ``auto`` and, when they differ from it, the
     ``lowest-peak`` and ``store-release`` orders. Moving the store-back releases up can cost more offloading under
     a tight budget than it saves in link time (transformer_block at 1 GB: 151.6 against 132.2 ms), and running
@@ -136,7 +137,7 @@ def auto_contexts(graph: Graph, hw: Hardware, answers: Answers | None = None) ->
         if all(named_order(graph, name) != c.order for c in out):
             out.append(Context(graph, hw, name, answers))
     # Under memory pressure, the searched order too when it peaks lower: less is left to move or re-run.
-    if len(graph.ops) <= SEARCH_MAX_OPS:
+    if searched and len(graph.ops) <= SEARCH_MAX_OPS:
         peak = min(max(live_bytes(graph, c.order), default=0) for c in out)
         if peak > hw.hbm_bytes and max(live_bytes(graph, named_order(graph, "searched")), default=0) < (
                 1 - SEARCH_GAIN) * peak:

@@ -354,7 +354,8 @@ def starting_plan(run: Run, start: str = "auto") -> tuple[Plan, Timeline]:
                 # for static offsets stops only where it would overrun the limit: the starting plan is the
                 # fallback and usually the hint, worth the time.
                 answers = answers_of(run.recompute, run.offload)
-                contexts = auto_contexts(g, hw, answers)
+                # The order search (about 1 s per 1,000 ops) only when it leaves the time limit its search.
+                contexts = auto_contexts(g, hw, answers, searched=_affordable(run, 2 * len(g.ops) * SWEEP_S_PER_OP))
                 # With the searched order too (auto_contexts: only under memory pressure, where it peaks lowest;
                 # remat-only on Checkmate's random n100 at 0.8: +4.0% against +139% in auto). Every order is
                 # planned, as greedy does, in the same order (the searched one last, so the deadline can cut only it).
