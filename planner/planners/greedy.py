@@ -228,7 +228,7 @@ def _placed(ctx: Context, settings: Settings, offsets: bool, name: str, deadline
     if budget < floor:
         plan = build_plan(ctx, settings, budget, name)  # infeasible: say why
         return Planned(plan, simulate(g, hw, plan))
-    plan, timeline = _plan_checked(ctx, settings, budget, name)
+    plan, timeline, answers = _plan_checked(ctx, settings, budget, name)
     if not offsets or plan.status != PlanStatus.FEASIBLE or not timeline.valid:
         return Planned(plan, simulate(g, hw, plan))
     first = plan
@@ -239,6 +239,10 @@ def _placed(ctx: Context, settings: Settings, offsets: bool, name: str, deadline
     unplaced = budget  # the lowest planning budget whose plan is valid but whose offsets do not fit
     low: int | None = None  # the highest planning budget whose offsets fit, or else with no valid plan
     refine = ctx.n <= REFINE_MAX_OPS
+    # On larger graphs the plans for a lower budget give only the answers that won at the full budget: checking the
+    # joint plan against each answer alone costs a plan and an executor run each time (20 s an attempt at 38.8k
+    # ops), and a lower budget for fragmentation's sake rarely changes which answer wins.
+    only = None if refine else answers
     fresh = True  # ``plan`` is new: place it
     while True:
         if fresh:
@@ -285,7 +289,7 @@ def _placed(ctx: Context, settings: Settings, offsets: bool, name: str, deadline
                 out_of_time = static is None
                 break
         attempt += 1
-        candidate, cand_tl = _plan_checked(ctx, settings, budget, name)
+        candidate, cand_tl, _ = _plan_checked(ctx, settings, budget, name, only)
         fresh = candidate.status == PlanStatus.FEASIBLE and cand_tl.valid
         if fresh:
             plan, timeline = candidate, cand_tl
@@ -318,8 +322,10 @@ def _cheap(t0: float, deadline: float | None) -> bool:
     return deadline is None or 4 * (time.monotonic() - t0) < deadline - t0
 
 
-def _plan_checked(ctx: Context, settings: Settings, budget: int, name: str) -> tuple[Plan, Timeline]:
-    """Plan against ``budget`` and time the plan (no allocator model); an invalid plan becomes infeasible.
+def _plan_checked(ctx: Context, settings: Settings, budget: int, name: str, only: Answers | None = None
+                  ) -> tuple[Plan, Timeline, Answers | None]:
+    """Plan against ``budget`` and time the plan (no allocator model); an invalid plan becomes infeasible. Return
+    the plan, its timeline and the answers it was built with (None: the recompute chains').
 
     With both answers on (offload and recompute), the joint plan is checked against each answer alone where that
     could differ: the offload-only plan when the joint one recomputes, the remat-only plan when it offloads and a
@@ -332,12 +338,14 @@ def _plan_checked(ctx: Context, settings: Settings, budget: int, name: str) -> t
     Where recomputing may help and nothing has to move, the recompute chains of ``greedy_remat`` are a candidate
     too (when the selection's plan is not valid, or on graphs of up to ``CHAINS_MAX_OPS`` ops): the selection
     recomputes at depth 1 only and finds no remat plan on Checkmate's random graphs.
+
+    ``only``: build with these answers alone, no variant (a replan that keeps the answers a first plan chose).
     """
-    plan = build_plan(ctx, settings, budget, name)
-    best = (*_checked(ctx, plan),)
-    answers = ctx.answers
+    answers = only if only is not None else ctx.answers
+    plan = build_plan(ctx, settings, budget, name, answers)
+    best = (*_checked(ctx, plan), answers)
     variants = []
-    if answers.offload and answers.recompute:
+    if only is None and answers.offload and answers.recompute:
         used = plan.stats.get("answers", [])
         if "recompute" in used:
             variants.append(Answers(recompute=False))
@@ -349,14 +357,14 @@ def _plan_checked(ctx: Context, settings: Settings, budget: int, name: str) -> t
             continue
         checked = _checked(ctx, alt)
         if checked[0] < best[0]:
-            best = checked
+            best = (*checked, variant)
     if answers.recompute and (best[0][0] or ctx.n <= CHAINS_MAX_OPS) and chains_apply(ctx):
         chains = _chains_plan(ctx, settings, budget, name)
         if chains is not None:
             checked = _checked(ctx, chains)
             if checked[0] < best[0]:
-                best = checked
-    return best[1], best[2]
+                best = (*checked, None)
+    return best[1], best[2], best[3]
 
 
 def _chains_plan(ctx: Context, settings: Settings, budget: int, name: str, addresses: bool = False) -> Plan | None:

@@ -40,6 +40,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from dataclasses import dataclass, fields
+from functools import cached_property
 
 import numpy as np
 
@@ -115,6 +116,36 @@ class Gap:
     def hi(self) -> int:
         """One past the last op the tensor can be off HBM."""
         return self.u
+
+
+@dataclass(frozen=True)
+class GapTable:
+    """The gaps' fixed fields as arrays (index = ``Gap.index``), so that a selection sweeps a million gaps (the
+    38.8k-op inference graph) in numpy rather than a Python loop over ``Gap`` objects."""
+
+    a: np.ndarray
+    u: np.ndarray
+    lo: np.ndarray  # ``Gap.lo``
+    pre_absent: np.ndarray
+    stores: np.ndarray  # left by a Store (not dropped, not recomputed): its nominal Detach waits ``release_distance``
+    fetches: np.ndarray  # ``Context.fetches``
+    redo: np.ndarray  # a recompute gap
+    mandatory: np.ndarray
+    wrap: np.ndarray
+    stall: list[int]
+    score: list[float]
+    rank: list[int]  # position in the order (-score, tensor, a, index): the selection's tie-breaks
+
+    def allowed(self, answers: Answers) -> np.ndarray:
+        """``Answers.allows`` for every gap."""
+        return np.where(self.redo, answers.recompute, answers.offload | self.mandatory)
+
+    def nominal(self, prefetch_distance: int, release_distance: int) -> tuple[np.ndarray, np.ndarray]:
+        """(lo, hi) of every gap at its nominal placement (``select_gaps``)."""
+        lo = np.where(self.pre_absent, 0, np.where(self.stores, np.maximum(self.lo, self.a + release_distance),
+                                                   self.lo))
+        hi = np.where(self.fetches, np.maximum(lo, self.u - prefetch_distance), self.u)
+        return lo, hi
 
 
 class Context:
@@ -327,6 +358,30 @@ class Context:
         span, ups = self.spans[x], self.upd[x]
         return span is not None and span[1] >= u and bisect.bisect_left(ups, u) == bisect.bisect_right(ups, p)
 
+    @cached_property
+    def table(self) -> GapTable:
+        """The gaps' fixed fields as arrays (``GapTable``), built once per Context."""
+        gaps = self.gaps
+        m = len(gaps)
+
+        def col(f, dtype) -> np.ndarray:
+            return np.fromiter((f(g) for g in gaps), dtype=dtype, count=m)
+
+        a, u = col(lambda g: g.a, np.int64), col(lambda g: g.u, np.int64)
+        names = sorted({g.tensor for g in gaps})
+        code = {t: k for k, t in enumerate(names)}
+        score = [g.score for g in gaps]
+        order = np.lexsort((np.arange(m), a, col(lambda g: code[g.tensor], np.int64), -np.array(score, dtype=float)))
+        rank = np.empty(m, dtype=np.int64)
+        rank[order] = np.arange(m)
+        return GapTable(
+            a=a, u=u, lo=col(lambda g: g.lo, np.int64), pre_absent=col(lambda g: g.pre_absent, bool),
+            stores=col(lambda g: not (g.droppable or g.recompute is not None), bool),
+            fetches=col(self.fetches, bool), redo=col(lambda g: g.recompute is not None, bool),
+            mandatory=col(lambda g: g.mandatory, bool), wrap=col(lambda g: g.wrap, bool),
+            stall=[g.stall for g in gaps], score=score, rank=rank.tolist(),
+        )
+
     def fetches(self, gap: Gap) -> bool:
         """Whether the gap ends with a Prefetch (before a use, or before the step ends); a recompute gap ends with
         its recomputation instead."""
@@ -436,6 +491,11 @@ class LinkCalendar:
             chunk *= 4
 
 
+def _selected(ctx: Context) -> np.ndarray:
+    """Which gaps are selected, as a boolean array."""
+    return np.fromiter((g.selected for g in ctx.gaps), dtype=bool, count=len(ctx.gaps))
+
+
 def _cover(L: np.ndarray, lo: int, hi: int, b: int) -> None:
     """The tensor of ``b`` bytes leaves HBM for ops lo .. hi-1."""
     if hi > lo:
@@ -520,41 +580,44 @@ def select_gaps(
     if select_num > 0 and ctx.tiers:
         # Where a tensor starts is a budget decision (step 3), not one the distance rule makes for its own sake:
         # its first fetch has only the ops before the first use to hide behind.
-        pool = [gap for gap in ctx.gaps
-                if not gap.selected and gap.stall == 0 and gap.u - gap.a >= max(2, select_distance)
-                and not gap.wrap and gap.recompute is None and answers.offload]
-        pool.sort(key=lambda g: (-g.score, g.tensor, g.a))
+        tab = ctx.table
+        ok = (~_selected(ctx) & (np.array(tab.stall) == 0) & (tab.u - tab.a >= max(2, select_distance)) & ~tab.wrap
+              & ~tab.redo & answers.offload)
+        pool = sorted(np.flatnonzero(ok).tolist(), key=tab.rank.__getitem__)
         taken = 0
-        for gap in pool:
+        for gap in (ctx.gaps[k] for k in pool):
             if taken >= select_num:
                 break
             if cal.stall(gap) == 0 and take(gap):
                 taken += 1
 
-    def sweep(L: np.ndarray, rng) -> int | None:
-        cands = sorted(
-            ((lo, hi, k) for k, gap in enumerate(ctx.gaps) if not gap.selected and answers.allows(gap)
-             for lo, hi in [rng(gap)] if hi > lo),
-        )
-        heap: list[tuple[int, float, str, int, int, int]] = []
+    def sweep(L: np.ndarray, rng, ranges: tuple[np.ndarray, np.ndarray]) -> int | None:
+        # Candidates by (lo, hi, index); in the heap by (stall, rank): the estimated stall, then (-score, tensor,
+        # a, index).
+        tab = ctx.table
+        lo, hi = ranges
+        ks = np.flatnonzero(~_selected(ctx) & tab.allowed(answers) & (hi > lo))
+        ks = ks[np.lexsort((hi[ks], lo[ks]))]
+        c_lo, c_hi, c_k = lo[ks].tolist(), hi[ks].tolist(), ks.tolist()
+        stall, score, rank = tab.stall, tab.score, tab.rank
+        heap: list[tuple[int, int, int, int]] = []
         j = 0
         first_over = None
         for i in range(ctx.n):
             if L[i] <= budget:
                 continue
-            while j < len(cands) and cands[j][0] <= i:
-                lo, hi, k = cands[j]
-                gap = ctx.gaps[k]
-                heapq.heappush(heap, (gap.stall, -gap.score, gap.tensor, gap.a, k, hi))
+            while j < len(c_k) and c_lo[j] <= i:
+                k = c_k[j]
+                heapq.heappush(heap, (stall[k], rank[k], k, c_hi[j]))
                 j += 1
             while L[i] > budget and heap:
-                st, sc, t, a, k, hi = heapq.heappop(heap)
+                st, rk, k, h = heapq.heappop(heap)
                 gap = ctx.gaps[k]
-                if hi <= i or gap.selected:
+                if h <= i or gap.selected:
                     continue
                 now = cal.stall(gap)
-                if now > st and heap and (now, sc) > heap[0][:2]:
-                    heapq.heappush(heap, (now, sc, t, a, k, hi))  # the links got busier: look again later
+                if now > st and heap and (now, -score[k]) > (heap[0][0], -score[heap[0][2]]):
+                    heapq.heappush(heap, (now, rk, k, h))  # the links got busier: look again later
                     continue
                 for p in take(gap):
                     _cover(L, *rng(p), p.bytes)
@@ -566,15 +629,15 @@ def select_gaps(
     for gap in ctx.gaps:
         if gap.selected:
             _cover(L, *nominal(gap), gap.bytes)
-    over = sweep(L, nominal)
+    over = sweep(L, nominal, ctx.table.nominal(pd, rd))
     widest = lambda gap: (gap.lo, gap.hi)  # noqa: E731
     L = ctx.base.copy()
     for gap in ctx.gaps:
         if gap.selected:
             _cover(L, gap.lo, gap.hi, gap.bytes)
     if over is not None:
-        over = sweep(L, widest)
+        over = sweep(L, widest, (ctx.table.lo, ctx.table.u))
     return [gap for gap in ctx.gaps if gap.selected], L, over
 
 
-__all__ = ["Answers", "Context", "Gap", "select_gaps"]
+__all__ = ["Answers", "Context", "Gap", "GapTable", "select_gaps"]

@@ -200,3 +200,30 @@ def test_the_timeline_greedy_hands_over_is_the_executors(path, fraction, offsets
     out = plan_greedy_timed(g, hw, offsets=offsets)
     assert out.timeline == simulate(g, hw, out.plan)
     assert out.plan == plan_greedy(g, hw, offsets=offsets)
+
+
+def test_on_large_graphs_a_replan_for_the_offsets_keeps_the_answers_the_full_budget_chose(monkeypatch):
+    """Above ``REFINE_MAX_OPS`` ops the plans for a lower budget (fragmentation) build only with the answers that
+    won at the full budget: no variant per attempt. Lowered here so that a 1k-op graph takes that path."""
+    import planner.planners.greedy as greedy
+    from planner.planners.greedy import Settings, planned_with_context
+    from planner.planners.greedy_select import Answers, Context
+
+    g = api.load_graph(GRAPHS / "llama3-8b-no2-4layers.json")
+    hw = api.hardware("ascend-910c", hbm="8GB")
+    calls: list[tuple[int, Answers | None]] = []
+    build = greedy.build_plan
+
+    def recording(ctx, settings, budget, name="greedy", answers=None):
+        calls.append((budget, answers))
+        return build(ctx, settings, budget, name, answers)
+
+    monkeypatch.setattr(greedy, "build_plan", recording)
+    monkeypatch.setattr(greedy, "REFINE_MAX_OPS", 0)
+    out = planned_with_context(Context(g, hw, "auto"), Settings())
+    assert out.timeline.valid and simulate(g, hw, out.plan).valid
+    full = [a for b, a in calls if b == hw.hbm_bytes]
+    lower = [a for b, a in calls if b < hw.hbm_bytes]
+    assert out.plan.stats["offset_attempts"] > 1 and lower  # this budget does replan for its offsets
+    assert len(set(full)) > 1  # the full budget compared the joint plan with an answer alone
+    assert len(set(lower)) == 1 and lower[0] in full  # each replan: one build, with the answers that won
