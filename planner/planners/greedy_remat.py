@@ -94,13 +94,27 @@ def plan_remat_chains(ctx: Context, budget: int, name: str = "greedy", addresses
     (fragmentation: Checkmate's random graphs run out of holes at 80-90% of their peak)."""
     if not chains_apply(ctx):
         return None
+    # A search that found nothing at some budget is not run again at that budget or a lower one (less room): each
+    # such failure tries every policy several times (6-9 s on Checkmate's random n1000), and greedy's replanning
+    # for static offsets asks at budget after lower budget.
+    failed = ctx.chains_failed.get(addresses)
+    if failed is not None and budget <= failed:
+        return None
+    # The result depends on the Context's fixed fields only: the sweep's settings ask again at the same budgets.
+    key = (budget, addresses, name)
+    if key in ctx.chains_plans:
+        return ctx.chains_plans[key]
     best: _Chains | None = None
     facts = _Facts(ctx)
     for policy in POLICIES:
         sim = _run(ctx, facts, budget, policy, addresses)
         if sim is not None and (best is None or sim.redo_ns < best.redo_ns):
             best = sim
-    return None if best is None else best.emit(name)
+    if best is None:
+        ctx.chains_failed[addresses] = max(budget, failed or 0)
+        return None
+    plan = ctx.chains_plans[key] = best.emit(name)
+    return plan
 
 
 def _run(ctx: Context, facts: _Facts, budget: int, policy: Policy, addresses: bool) -> _Chains | None:

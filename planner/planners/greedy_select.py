@@ -48,6 +48,7 @@ from planner.cost import op_durations_ns, transfer_duration_ns
 from planner.graph import AUTO, Graph
 from planner.hardware import HBM, Hardware
 from planner.orders import named_order
+from planner.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -191,6 +192,10 @@ class Context:
         self.spans = {t: self._span(t) for t in graph.tensors}
         self.base = self._baseline()
         self.gaps = self._gaps()
+        # The recompute chains (greedy_remat): the highest budget at which they found no plan, with and without
+        # addresses, and the plans they found, by (budget, addresses, name).
+        self.chains_failed: dict[bool, int] = {}
+        self.chains_plans: dict[tuple[int, bool, str], Plan] = {}
 
     # -- times
     def end_of(self, a: int) -> int:

@@ -80,6 +80,34 @@ def test_below_what_any_chain_needs_there_is_no_plan():
     assert not simulate(g, simple_hardware(hbm=200), plan_greedy(g, simple_hardware(hbm=200), offload=False)).valid
 
 
+def test_a_context_runs_the_chains_once_per_budget_and_not_below_a_budget_where_they_failed(monkeypatch):
+    """The search depends on the Context's fixed fields only: a budget asked again gets the same plan without a run,
+    and one at or below a budget where it found nothing is not searched (greedy's replanning for static offsets
+    asks at budget after lower budget; each failure cost 6-9 s on Checkmate's random n1000)."""
+    import planner.planners.greedy_remat as remat
+
+    g = fwd_bwd(n=6)
+    ctx = remat_context(g, TIGHT)
+    runs: list[int] = []
+    run = remat._run
+
+    def counted(ctx, facts, budget, policy, addresses):
+        runs.append(budget)
+        return run(ctx, facts, budget, policy, addresses)
+
+    monkeypatch.setattr(remat, "_run", counted)
+    first = plan_remat_chains(ctx, TIGHT)
+    assert first is not None and runs
+    searched = len(runs)
+    again = plan_remat_chains(ctx, TIGHT)
+    assert again is first and len(runs) == searched
+    assert plan_remat_chains(ctx, 200) is None and len(runs) > searched  # searched: nothing fits 200 B
+    searched = len(runs)
+    assert plan_remat_chains(ctx, 190) is None and len(runs) == searched  # below a failure: not searched
+    assert plan_remat_chains(ctx, 200, addresses=True) is None and len(runs) > searched  # its own record
+    assert simulate(g, simple_hardware(hbm=TIGHT), first).valid
+
+
 def test_chains_do_not_apply_where_a_tensor_must_move():
     t = [Tensor("x", 10, TensorKind.INPUT), Tensor("w", 10, TensorKind.WEIGHT, home="host"), Tensor("y", 10),
          Tensor("z", 10, TensorKind.OUTPUT)]
