@@ -51,11 +51,13 @@ from planner.planners.greedy import (
     Settings,
     answers_of,
     auto_contexts,
+    build_plan,
     plan_greedy,
     planned_with_context,
     rank_planned,
 )
-from planner.planners.greedy_sweep import grid_points, plan_greedy_sweep
+from planner.planners.greedy_select import Context
+from planner.planners.greedy_sweep import FINALISTS, grid_points, plan_greedy_sweep
 from planner.planners.none import plan_none
 from planner.planners.reactive import plan_reactive
 from planner.timeline import Timeline
@@ -333,6 +335,8 @@ def starting_plan(run: Run, start: str = "auto") -> tuple[Plan, Timeline]:
         else [start]
     greedy_s = None
     greedy_order = "auto"
+    greedy_ctx: Context | None = None  # the order greedy's defaults did best on, and greedy's seconds there
+    greedy_ctx_s = 0.0
     for name in names:
         fn = STARTING_PLANNERS.get(name)
         if fn is None:
@@ -359,9 +363,15 @@ def starting_plan(run: Run, start: str = "auto") -> tuple[Plan, Timeline]:
                 # With the searched order too (auto_contexts: only under memory pressure, where it peaks lowest;
                 # remat-only on Checkmate's random n100 at 0.8: +4.0% against +139% in auto). Every order is
                 # planned, as greedy does, in the same order (the searched one last, so the deadline can cut only it).
-                outs = [planned_with_context(ctx, Settings(), deadline=run.deadline) for ctx in contexts]
-                out = min(outs, key=rank_planned)
+                outs, spent = [], []
+                for ctx in contexts:
+                    t_ctx = time.monotonic()
+                    outs.append(planned_with_context(ctx, Settings(), deadline=run.deadline))
+                    spent.append(time.monotonic() - t_ctx)
+                best_k = min(range(len(outs)), key=lambda k: rank_planned(outs[k]))
+                out = outs[best_k]
                 greedy_order = out.plan.options.get("order", "auto")
+                greedy_ctx, greedy_ctx_s = contexts[best_k], spent[best_k]
                 cands.append((out.plan, out.timeline))
             else:
                 kw = {"recompute": run.recompute, "offload": run.offload} if name.startswith("greedy") else {}
@@ -379,14 +389,23 @@ def starting_plan(run: Run, start: str = "auto") -> tuple[Plan, Timeline]:
         if name == "greedy":
             greedy_s = time.monotonic() - t
             npoints = _sweep_points()
-            # Deterministic runs estimate the sweep from the op count, others from the time one greedy run took.
-            single = len(g.ops) * SWEEP_S_PER_OP if run.deterministic else greedy_s
-            cost = single * npoints * SWEEP_POINT_SHARE
+            # Deterministic runs estimate the sweep from the op count; others from what it does on the order it runs
+            # on: a point (one is timed here), then its finalists planned in full, as greedy planned that order.
+            # (A point does not pay the recompute chains and the replans for static offsets that make most of a
+            # greedy run on Checkmate's random graphs: 4.5 s of greedy against 2.8 s for the whole sweep on n500.)
+            if run.deterministic or greedy_ctx is None:
+                cost = len(g.ops) * SWEEP_S_PER_OP * npoints * SWEEP_POINT_SHARE
+            else:
+                t_point = time.monotonic()
+                probe = build_plan(greedy_ctx, grid_points()[-1], hw.hbm_bytes, "greedy-sweep")
+                simulate(g, hw, probe, allocator=False)
+                cost = (npoints - 1) * (time.monotonic() - t_point) + FINALISTS * greedy_ctx_s
             if cost <= SWEEP_LIMIT_SHARE * run.time_limit and _affordable(run, cost):
                 try:
-                    # On the order greedy's defaults did best with: sweeping every order would cost as many sweeps.
+                    # On the order greedy's defaults did best with (sweeping every order would cost as many sweeps),
+                    # its prepared Context reused.
                     plan = plan_greedy_sweep(g, hw, order=greedy_order, recompute=run.recompute,
-                                             offload=run.offload)
+                                             offload=run.offload, contexts=[greedy_ctx])
                     cands.append((plan, simulate(g, hw, plan)))
                 except KeyboardInterrupt:
                     if not any(tl.valid for _p, tl in cands):
