@@ -62,20 +62,25 @@ def grid_points(grid: dict[str, tuple[int, ...]] | None = None) -> list[Settings
 def plan_greedy_sweep(
     graph: Graph, hw: Hardware, grid: dict | None = None, order: str = "auto", offsets: bool = True,
     finalists: int = FINALISTS, recompute: bool = True, offload: bool = True,
-    contexts: list[Context] | None = None,
 ) -> Plan:
     """Return the best valid greedy plan over ``grid`` (see the module doc); the defaults' plan when none is.
 
     The points are ranked by their makespan without static offsets; the best ``finalists`` of them and the
     defaults are then planned in full (static offsets may lower the planning budget, see ``greedy.py``) and the
     best of those wins, so the sweep is never worse than ``greedy`` with its defaults. ``recompute`` and ``offload``
-    as for ``greedy``: they hold at every point. ``contexts``: prepared ones to sweep instead of ``order``'s (a
-    caller that ran greedy on them already: what they keep, such as the recompute chains' plans, is reused).
+    as for ``greedy``: they hold at every point.
     """
     # As greedy's own ``auto``: every order it plans is swept.
     answers = answers_of(recompute, offload)
-    if contexts is None:
-        contexts = auto_contexts(graph, hw, answers) if order == "auto" else [Context(graph, hw, order, answers)]
+    contexts = auto_contexts(graph, hw, answers) if order == "auto" else [Context(graph, hw, order, answers)]
+    return sweep_contexts(contexts, grid, offsets, finalists)
+
+
+def sweep_contexts(contexts: list[Context], grid: dict | None = None, offsets: bool = True,
+                   finalists: int = FINALISTS) -> Plan:
+    """``plan_greedy_sweep`` over prepared Contexts of one graph and hardware (a caller that ran greedy on them
+    already: what they keep, such as the recompute chains' plans, is reused)."""
+    graph, hw = contexts[0].graph, contexts[0].hw
     points = grid_points(grid)
     if hw.hbm_bytes < hbm_floor(graph)[0]:
         plan = plan_with_context(contexts[0], points[0], offsets=False, name="greedy-sweep")  # infeasible: says why
@@ -119,4 +124,4 @@ def plan_greedy_sweep(
     return replace(plan, options=options, stats=stats)
 
 
-__all__ = ["DEFAULT_GRID", "grid_points", "plan_greedy_sweep"]
+__all__ = ["DEFAULT_GRID", "grid_points", "plan_greedy_sweep", "sweep_contexts"]

@@ -57,7 +57,7 @@ from planner.planners.greedy import (
     rank_planned,
 )
 from planner.planners.greedy_select import Context
-from planner.planners.greedy_sweep import FINALISTS, grid_points, plan_greedy_sweep
+from planner.planners.greedy_sweep import FINALISTS, grid_points, plan_greedy_sweep, sweep_contexts
 from planner.planners.none import plan_none
 from planner.planners.reactive import plan_reactive
 from planner.timeline import Timeline
@@ -334,7 +334,6 @@ def starting_plan(run: Run, start: str = "auto") -> tuple[Plan, Timeline]:
     names = [n for n in ("greedy", "reactive", "none") if run.offload or n != "reactive"] if start == "auto" \
         else [start]
     greedy_s = None
-    greedy_order = "auto"
     greedy_ctx: Context | None = None  # the order greedy's defaults did best on, and greedy's seconds there
     greedy_ctx_s = 0.0
     for name in names:
@@ -370,7 +369,6 @@ def starting_plan(run: Run, start: str = "auto") -> tuple[Plan, Timeline]:
                     spent.append(time.monotonic() - t_ctx)
                 best_k = min(range(len(outs)), key=lambda k: rank_planned(outs[k]))
                 out = outs[best_k]
-                greedy_order = out.plan.options.get("order", "auto")
                 greedy_ctx, greedy_ctx_s = contexts[best_k], spent[best_k]
                 cands.append((out.plan, out.timeline))
             else:
@@ -404,8 +402,7 @@ def starting_plan(run: Run, start: str = "auto") -> tuple[Plan, Timeline]:
                 try:
                     # On the order greedy's defaults did best with (sweeping every order would cost as many sweeps),
                     # its prepared Context reused.
-                    plan = plan_greedy_sweep(g, hw, order=greedy_order, recompute=run.recompute,
-                                             offload=run.offload, contexts=[greedy_ctx])
+                    plan = sweep_contexts([greedy_ctx])
                     cands.append((plan, simulate(g, hw, plan)))
                 except KeyboardInterrupt:
                     if not any(tl.valid for _p, tl in cands):
