@@ -244,6 +244,7 @@ def _placed(ctx: Context, settings: Settings, offsets: bool, name: str, deadline
     # ops), and a lower budget for fragmentation's sake rarely changes which answer wins.
     only = None if refine else answers
     fresh = True  # ``plan`` is new: place it
+    cut = False  # the deadline, a wall clock, stopped the replanning: another run may plan differently
     while True:
         if fresh:
             placed, height = place_statically(g, hw, plan, timeline)
@@ -262,8 +263,10 @@ def _placed(ctx: Context, settings: Settings, offsets: bool, name: str, deadline
             # Between a budget too low (or one that fits) and one that does not fit: halfway, on small graphs (a
             # plan for a lower budget is usually slower, and the recompute chains run out of room before the gap
             # selection does).
-            if not refine or attempt >= OFFSET_RETRIES + REFINE_RETRIES or unplaced - low <= hw.hbm_bytes // 100 \
-                    or not _cheap(t0, deadline):
+            if not refine or attempt >= OFFSET_RETRIES + REFINE_RETRIES or unplaced - low <= hw.hbm_bytes // 100:
+                break
+            if not _cheap(t0, deadline):
+                cut = True
                 break
             budget = (low + unplaced) // 2
         else:
@@ -287,6 +290,7 @@ def _placed(ctx: Context, settings: Settings, offsets: bool, name: str, deadline
             per_attempt = (time.monotonic() - t0) / (attempt + 1)
             if time.monotonic() + 1.5 * per_attempt > deadline:
                 out_of_time = static is None
+                cut = True
                 break
         attempt += 1
         candidate, cand_tl, _ = _plan_checked(ctx, settings, budget, name, only)
@@ -296,7 +300,11 @@ def _placed(ctx: Context, settings: Settings, offsets: bool, name: str, deadline
         elif refine and static is None and _cheap(t0, deadline):
             low = budget if low is None else max(low, budget)
         else:
+            cut = cut or (refine and static is None)
             break
+    if cut:
+        static = _deadline_cut(static)
+        first = replace(first, stats=dict(first.stats, deadline_cut=True))
     if static is not None and static.plan.stats["offset_attempts"] == 1:
         return static
     # The first plan under the caching allocator (its defragmentation delays included) against the static plan
@@ -314,6 +322,14 @@ def _placed(ctx: Context, settings: Settings, offsets: bool, name: str, deadline
             " (no time left to plan for a lower budget)" if out_of_time else "")
     return Planned(replace(first, notes=first.notes + (f"{why}; HBM placement is left to the caching allocator",)),
                    caching)
+
+
+def _deadline_cut(planned: Planned | None) -> Planned | None:
+    """``planned`` with ``stats["deadline_cut"]``: the caller's deadline (a wall clock) stopped the replanning for
+    static offsets, so a run on a less busy machine may return another plan (cpsat's deterministic runs say so)."""
+    if planned is None:
+        return None
+    return Planned(replace(planned.plan, stats=dict(planned.plan.stats, deadline_cut=True)), planned.timeline)
 
 
 def _cheap(t0: float, deadline: float | None) -> bool:

@@ -227,3 +227,20 @@ def test_on_large_graphs_a_replan_for_the_offsets_keeps_the_answers_the_full_bud
     assert out.plan.stats["offset_attempts"] > 1 and lower  # this budget does replan for its offsets
     assert len(set(full)) > 1  # the full budget compared the joint plan with an answer alone
     assert len(set(lower)) == 1 and lower[0] in full  # each replan: one build, with the answers that won
+
+
+def test_a_deadline_that_stops_the_replanning_for_offsets_is_recorded():
+    """cpsat's starting plan passes a deadline (a wall clock): when it stops the replans for static offsets, the
+    plan's stats say so, so that a deterministic cpsat run can note that it may not be reproducible."""
+    import time
+
+    from planner.planners.greedy import Settings, planned_with_context
+    from planner.planners.greedy_select import Context
+
+    g = api.load_graph(GRAPHS / "llama3-8b-no2-4layers.json")
+    hw = api.hardware("ascend-910c", hbm="8GB")
+    free = planned_with_context(Context(g, hw, "auto"), Settings())
+    assert free.plan.stats["offset_attempts"] > 1 and "deadline_cut" not in free.plan.stats
+    cut = planned_with_context(Context(g, hw, "auto"), Settings(), deadline=time.monotonic())
+    assert cut.plan.stats.get("deadline_cut") is True
+    assert cut.timeline.valid and simulate(g, hw, cut.plan).valid

@@ -29,6 +29,9 @@ Progress = Callable[[dict], None]
 LogSink = Callable[[str], None]  # receives the search log, one line per call
 # The note of a plan returned because Ctrl-C stopped the search.
 INTERRUPTED_NOTE = "interrupted: best plan found so far"
+# The note of a deterministic run whose course the wall clock changed (a phase cut short or skipped on a busy
+# machine): two runs may then differ, and tests that compare their bytes look for "may not be reproducible".
+CLOCK_NOTE = "the wall clock, not the deterministic budget, cut a phase short: this run may not be reproducible"
 
 
 
@@ -124,6 +127,14 @@ class Run:
             self.notes.append(INTERRUPTED_NOTE)
             self.record.stop = "interrupted"
             self.report(phase="interrupted")
+
+    def clock_cut(self, note: str | None = None) -> None:
+        """Record ``note`` (a phase the time left skipped or stopped); in deterministic mode, add once that this
+        run may not be reproducible, since the time left is the wall clock's, which no seed fixes."""
+        if note is not None:
+            self.notes.append(note)
+        if self.deterministic and not any("may not be reproducible" in n for n in self.notes):
+            self.notes.append(CLOCK_NOTE)
 
     def log(self, line: str) -> None:
         """A line of our own in the search log (which solve the next CP-SAT lines belong to)."""

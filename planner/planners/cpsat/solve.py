@@ -245,7 +245,7 @@ def _plan(run: Run, log: bool, objective: str, makespan_limit_us: float | None, 
     if run.left() + RESERVE * run.limit_s >= run.estimated_sim_s():
         _bounds(run, best_tl, objective)
     else:
-        run.notes.append("no gap vs bound: no time was left to compute the bound")
+        run.clock_cut("no gap vs bound: no time was left to compute the bound")
     run.report(phase="done", incumbent_us=best_tl.metrics.makespan_ns / 1000)
     notes = list(best_plan.notes) if best_plan is not base else list(base.notes)
     notes += run.notes
@@ -261,10 +261,13 @@ def _prove_small(run: Run, plan: Plan, tl: Timeline) -> tuple[Plan, Timeline]:
     """On graphs small enough for the exact search (``planner/planners/exact.py``: every order), run it in the time
     left: cpsat's own model fixes one order, so only this proves a plan optimal over every plan. Returns the
     faster of ``plan`` and the exact plan; records the proven optimum in ``stats["exact_optimum_us"]``."""
-    if len(run.graph.ops) > exact.MAX_OPS or run.left() < 0.5:
+    if len(run.graph.ops) > exact.MAX_OPS:
         return plan, tl
     if run.recompute and any(op.recomputable for op in run.graph.ops):
         # The exact search covers plans without recompute steps: its optimum bounds nothing here.
+        return plan, tl
+    if run.left() < 0.5:
+        run.clock_cut("the exact search over every order did not run: no time was left")
         return plan, tl
     try:
         found = exact.plan_exact(run.graph, run.hw, time_limit=max(0.5, 0.8 * run.left()))
@@ -273,7 +276,7 @@ def _prove_small(run: Run, plan: Plan, tl: Timeline) -> tuple[Plan, Timeline]:
         return plan, tl
     st = found.stats.get("exact", {})
     if not st.get("proven"):
-        run.notes.append("the exact search over every order did not finish in the time left")
+        run.clock_cut("the exact search over every order did not finish in the time left")
         return plan, tl
     run.record.exact_optimum_us = st["optimum_ns"] / 1000
     found_tl = simulate(run.graph, run.hw, found)
@@ -367,6 +370,8 @@ def starting_plan(run: Run, start: str = "auto") -> tuple[Plan, Timeline]:
                     t_ctx = time.monotonic()
                     outs.append(planned_with_context(ctx, Settings(), deadline=run.deadline))
                     spent.append(time.monotonic() - t_ctx)
+                    if outs[-1].plan.stats.get("deadline_cut"):
+                        run.clock_cut()
                 best_k = min(range(len(outs)), key=lambda k: rank_planned(outs[k]))
                 out = outs[best_k]
                 greedy_ctx, greedy_ctx_s = contexts[best_k], spent[best_k]
@@ -469,7 +474,7 @@ def _optimise(run: Run, base: Plan, base_tl: Timeline, objective: str, makespan_
         # SEARCH_MIN_RUNS executor runs and a short solve. Without that much time the starting plan is the answer.
         need = SEARCH_MIN_RUNS * sim + WINDOW_MIN_S
         if run.left() < need:
-            run.notes.append(f"no time for the search: it needs about {need:.0f} s on this graph, "
+            run.clock_cut(f"no time for the search: it needs about {need:.0f} s on this graph, "
                              f"{max(0.0, run.left()):.0f} s were left after the starting plan")
             run.record.model = "none"
             run.record.status = "NOT_RUN"
@@ -572,7 +577,7 @@ def _whole_solve(run: Run, p: Problem, asg: Assignment, objective: str, limit_ti
     run.record.constraints = len(m.cp.proto.constraints)
     wall = run.left() * share
     if wall <= 0.2:
-        run.notes.append("no time left for CP-SAT after building the model")
+        run.clock_cut("no time left for CP-SAT after building the model")
         run.record.stop = "no_time"
         return None
     # Deterministic mode: a deterministic budget that depends on the limit only, never on the clock.
@@ -602,7 +607,7 @@ def _whole_solve(run: Run, p: Problem, asg: Assignment, objective: str, limit_ti
                                                 and res.deterministic_time < 0.99 * det)):
         # Stopped by the clock (killed, or CP-SAT's own wall-clock limit before its deterministic one): another run
         # may get further.
-        run.notes.append("the wall-clock limit stopped the solver first: this run may not be reproducible")
+        run.clock_cut("the wall-clock limit stopped the solver first: this run may not be reproducible")
     if res.bound is not None:
         run.record.model_bound_ticks = res.bound
         run.record.model_bound_us = _us(p, m, res.bound)
@@ -678,6 +683,7 @@ def place_hbm(run: Run, p: Problem, cands: list[tuple[Plan, Timeline]]) -> tuple
     deadline = time.monotonic() + max(0.5, 0.5 * run.left())
     for k, (plan, tl) in enumerate(cands):
         if k and time.monotonic() > deadline:
+            run.clock_cut()
             break
         placed, height = place_statically(p.graph, p.hw, plan, tl, time_limit_s=max(0.5, run.left()))
         if placed is not None:
