@@ -211,9 +211,10 @@ def makespan_bounds(graph: Graph, hw: Hardware, recompute: bool = True) -> list[
             modified = np.zeros(len(names), dtype=bool)
             if len(upd_t):
                 modified[upd_t[a[upd_o]]] = True
-            # Off HBM for free: tensors that start remote, unmodified before o (never fetched, or dropped).
-            free = alive & ~ws & may_be_remote & ~modified
-            excess_store = max(0.0, excess - float(size[free].sum()))
+            # Off HBM for free: tensors that start remote, unmodified before o (never fetched, or dropped). Not
+            # ``free`` (the tensors the planner places), which the fetch term below reads.
+            off_free = alive & ~ws & may_be_remote & ~modified
+            excess_store = max(0.0, excess - float(size[off_free].sum()))
             store_ns = excess_store / store_rate * 1e9
         fetch_ns = 0.0
         if fetch_rate > 0:
