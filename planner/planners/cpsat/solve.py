@@ -34,6 +34,7 @@ from planner.errors import InputError
 from planner.executor import simulate
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
+from planner.offsets_cpsat import EXACT_MAX_BLOCKS
 from planner.orders import best_no_offload_order, live_bytes
 from planner.placement import with_placement
 from planner.plan import Plan, PlanStatus
@@ -72,6 +73,10 @@ SWEEP_LIMIT_SHARE = 0.45
 # The search on a large graph: the model (about 1.5 executor runs on 29k ops), the first incumbent decoded and
 # run (2), a window decoded and run (1.5), and FINAL_RUNS.
 SEARCH_MIN_RUNS = 5.0 + FINAL_RUNS
+# Wall seconds of one exact placement of static offsets (``offsets_cpsat.fit_offsets``: CP-SAT with a deterministic
+# effort of 0.3 s, 0.1 to 0.9 s measured on transformer_block's timelines), which each finalist of a sweep on a
+# small graph pays when best fit overflows the budget: on small graphs it, not the points, is most of a sweep.
+EXACT_OFFSETS_S = 0.5
 # An optional phase (greedy's sweep, another starting planner) runs when its estimate is at most this share of the
 # time left.
 AFFORDABLE_SHARE = 0.25
@@ -337,8 +342,8 @@ def starting_plan(run: Run, start: str = "auto") -> tuple[Plan, Timeline]:
     names = [n for n in ("greedy", "reactive", "none") if run.offload or n != "reactive"] if start == "auto" \
         else [start]
     greedy_s = None
-    greedy_ctx: Context | None = None  # the order greedy's defaults did best on, and greedy's seconds there
-    greedy_ctx_s = 0.0
+    # The orders greedy planned (the one its defaults did best on first) and its seconds on each.
+    greedy_ctxs: list[tuple[Context, float]] = []
     for name in names:
         fn = STARTING_PLANNERS.get(name)
         if fn is None:
@@ -374,7 +379,7 @@ def starting_plan(run: Run, start: str = "auto") -> tuple[Plan, Timeline]:
                         run.clock_cut()
                 best_k = min(range(len(outs)), key=lambda k: rank_planned(outs[k]))
                 out = outs[best_k]
-                greedy_ctx, greedy_ctx_s = contexts[best_k], spent[best_k]
+                greedy_ctxs = [(contexts[k], spent[k]) for k in [best_k] + [k for k in range(len(outs)) if k != best_k]]
                 cands.append((out.plan, out.timeline))
             else:
                 kw = {"recompute": run.recompute, "offload": run.offload} if name.startswith("greedy") else {}
@@ -391,35 +396,10 @@ def starting_plan(run: Run, start: str = "auto") -> tuple[Plan, Timeline]:
             continue
         if name == "greedy":
             greedy_s = time.monotonic() - t
-            npoints = _sweep_points()
-            # Deterministic runs estimate the sweep from the op count; others from what it does on the order it runs
-            # on: a point (one is timed here), then its finalists planned in full, as greedy planned that order.
-            # (A point does not pay the recompute chains and the replans for static offsets that make most of a
-            # greedy run on Checkmate's random graphs: 4.5 s of greedy against 2.8 s for the whole sweep on n500.)
-            if run.deterministic or greedy_ctx is None:
-                cost = len(g.ops) * SWEEP_S_PER_OP * npoints * SWEEP_POINT_SHARE
-            else:
-                t_point = time.monotonic()
-                probe = build_plan(greedy_ctx, grid_points()[-1], hw.hbm_bytes, "greedy-sweep")
-                simulate(g, hw, probe, allocator=False)
-                cost = (npoints - 1) * (time.monotonic() - t_point) + FINALISTS * greedy_ctx_s
-            if cost <= SWEEP_LIMIT_SHARE * run.time_limit and _affordable(run, cost):
-                try:
-                    # On the order greedy's defaults did best with (sweeping every order would cost as many sweeps),
-                    # its prepared Context reused.
-                    plan = sweep_contexts([greedy_ctx])
-                    cands.append((plan, simulate(g, hw, plan)))
-                except KeyboardInterrupt:
-                    if not any(tl.valid for _p, tl in cands):
-                        raise
-                    run.interrupt()
+            if greedy_ctxs:
+                _start_sweep(run, greedy_ctxs, cands)
+                if run.interrupted:
                     break
-                except Exception as exc:  # noqa: BLE001
-                    run.notes.append(f"greedy sweep failed: {exc}")
-            else:
-                run.notes.append(
-                    f"greedy at its default settings only: its sweep ({npoints} points, about {cost:.0f} s) does not "
-                    "fit in the time limit")
     valid = [c for c in cands if c[1].valid]
     pool = valid or cands
     if not pool:
@@ -435,6 +415,51 @@ def _none_over_budget(g: Graph, hw: Hardware) -> bool:
     (tensors pinned remote are left out: when they arrive depends on their fetches)."""
     placed = with_placement(g, {})
     return max(live_bytes(placed, best_no_offload_order(placed), remote_resident=False), default=0) > hw.hbm_bytes
+
+
+def _start_sweep(run: Run, contexts: list[tuple[Context, float]], cands: list[tuple[Plan, Timeline]]) -> None:
+    """Greedy's sweep as a starting candidate (appended to ``cands``), on as many of the orders greedy planned as fit
+    in the time, the one its defaults did best on (``contexts[0]``) first; when not even that one fits, none (a note
+    says so). Each order's prepared Context is reused.
+
+    Deterministic runs estimate a sweep from the op count; others from what it does on each order: a point (one is
+    timed per order here), then its finalists planned in full, as greedy planned that order. (A point does not pay
+    the recompute chains and the replans for static offsets that make most of a greedy run on Checkmate's random
+    graphs: 4.5 s of greedy against 2.8 s for the whole sweep on n500.) Sweeping only the best order of greedy's
+    defaults missed the best point of another: on deepseek-v3-paper at 70% the sweep's best (2349.7 ms) was
+    on the ``auto`` order, and cpsat started from 2419.8 ms and ended at 2363.4 ms.
+    """
+    g, hw = run.graph, run.hw
+    npoints = _sweep_points()
+    costs = []
+    for ctx, greedy_ctx_s in contexts:
+        if run.deterministic:
+            exact = FINALISTS * EXACT_OFFSETS_S if len(g.ops) <= EXACT_MAX_BLOCKS else 0.0
+            costs.append(len(g.ops) * SWEEP_S_PER_OP * npoints * SWEEP_POINT_SHARE + exact)
+            continue
+        t_point = time.monotonic()
+        probe = build_plan(ctx, grid_points()[-1], hw.hbm_bytes, "greedy-sweep")
+        simulate(g, hw, probe, allocator=False)
+        costs.append((npoints - 1) * (time.monotonic() - t_point) + FINALISTS * greedy_ctx_s)
+    chosen = None
+    for k in range(len(contexts), 0, -1):  # the most orders that fit, the best of greedy's defaults first
+        cost = sum(costs[:k])
+        if cost <= SWEEP_LIMIT_SHARE * run.time_limit and _affordable(run, cost):
+            chosen = [ctx for ctx, _s in contexts[:k]]
+            break
+    if chosen is None:
+        run.notes.append(f"greedy at its default settings only: its sweep ({npoints} points, about {costs[0]:.0f} s) "
+                         "does not fit in the time limit")
+        return
+    try:
+        plan = sweep_contexts(chosen)
+        cands.append((plan, simulate(g, hw, plan)))
+    except KeyboardInterrupt:
+        if not any(tl.valid for _p, tl in cands):
+            raise
+        run.interrupt()
+    except Exception as exc:  # noqa: BLE001
+        run.notes.append(f"greedy sweep failed: {exc}")
 
 
 def _affordable(run: Run, seconds: float) -> bool:
