@@ -22,9 +22,6 @@ At equal times, ends come before frees and frees before starts.
 from __future__ import annotations
 
 import bisect
-import gc
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from itertools import chain
 from typing import NamedTuple
@@ -33,6 +30,7 @@ import numpy as np
 
 from planner.allocator import ALLOC, FREE, AllocatorReport, AllocRecord, check_offsets, replay_caching
 from planner.cost import op_durations_ns, transfer_duration_ns
+from planner.gc_pause import gc_paused
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
 from planner.placement import check_placement, start_tiers
@@ -58,23 +56,6 @@ def simulate(
     """
     with gc_paused():
         return _simulate(graph, hw, plan, durations_ns, allocator)
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector for a block that allocates many small objects and makes no cycles.
-
-    The replay creates a few objects per step (allocation records, residencies); each collection they trigger
-    rescans every live object of the graph as well, which doubled the executor's time on 30k-op graphs. The
-    collector's previous state is restored on exit.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _simulate(graph: Graph, hw: Hardware, plan: Plan, durations_ns: dict[str, int] | None, allocator: bool

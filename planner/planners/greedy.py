@@ -39,6 +39,7 @@ import numpy as np
 
 from planner.bounds import hbm_floor, initial_hbm_bytes, largest_working_set
 from planner.executor import simulate
+from planner.gc_pause import gc_paused
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
 from planner.orders import live_bytes, named_order
@@ -115,8 +116,10 @@ def plan_greedy_timed(
     """``plan_greedy`` with the executor's full timeline of the plan (greedy runs the executor on it anyway)."""
     settings = Settings(int(select_distance), int(select_num), int(prefetch_distance), int(release_distance))
     answers = answers_of(recompute, offload)
-    contexts = auto_contexts(graph, hw, answers) if order == "auto" else [Context(graph, hw, order, answers)]
-    return min((planned_with_context(ctx, settings, offsets=_flag(offsets)) for ctx in contexts), key=rank_planned)
+    with gc_paused():  # millions of short-lived objects and no cycles (planner/gc_pause.py)
+        contexts = auto_contexts(graph, hw, answers) if order == "auto" else [Context(graph, hw, order, answers)]
+        return min((planned_with_context(ctx, settings, offsets=_flag(offsets)) for ctx in contexts),
+                   key=rank_planned)
 
 
 def answers_of(recompute: bool | str = True, offload: bool | str = True) -> Answers:
@@ -174,6 +177,12 @@ def planned_with_context(ctx: Context, settings: Settings, offsets: bool = True,
     ``deadline`` (``time.monotonic()``; for callers with a time limit, such as cpsat's starting plan): no replanning
     for a lower budget when static offsets do not fit starts unless it can end by then, as the first plan took.
     """
+    with gc_paused():
+        return _planned_with_context(ctx, settings, offsets, name, deadline)
+
+
+def _planned_with_context(ctx: Context, settings: Settings, offsets: bool, name: str, deadline: float | None
+                          ) -> Planned:
     out = _plan_offloading(ctx, settings, offsets, name, deadline)
     plan = out.plan
     # Cheap necessary conditions first (the no-offload program and its run cost seconds on 30k-op graphs): the

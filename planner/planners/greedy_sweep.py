@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from planner.bounds import hbm_floor
 from planner.executor import simulate
+from planner.gc_pause import gc_paused
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
 from planner.plan import Plan, PlanStatus
@@ -80,6 +81,11 @@ def sweep_contexts(contexts: list[Context], grid: dict | None = None, offsets: b
                    finalists: int = FINALISTS) -> Plan:
     """``plan_greedy_sweep`` over prepared Contexts of one graph and hardware (a caller that ran greedy on them
     already: what they keep, such as the recompute chains' plans, is reused)."""
+    with gc_paused():  # as greedy (planner/gc_pause.py)
+        return _sweep(contexts, grid, offsets, finalists)
+
+
+def _sweep(contexts: list[Context], grid: dict | None, offsets: bool, finalists: int) -> Plan:
     graph, hw = contexts[0].graph, contexts[0].hw
     points = grid_points(grid)
     if hw.hbm_bytes < hbm_floor(graph)[0]:
