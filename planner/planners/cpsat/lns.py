@@ -97,7 +97,7 @@ def improve(run: Run, p: Problem, asg: Assignment, base: Plan, base_tl: Timeline
     run.report(phase="lns", incumbent_us=inc.makespan / 1000, bound_us=compute / 1000, windows=0, accepted=0)
     history = [(inc.plan, inc.timeline)]
     limit_ns = p.scale.ns(limit_ticks) if limit_ticks is not None else None
-    det_budget = run.time_limit * DET_PER_WALL_LNS if run.deterministic else None
+    det_budget = run.search_s() * DET_PER_WALL_LNS if run.deterministic else None
     try:
         inc = _search(run, p, inc, objective, limit_ns, w, compute, det_budget, stats, history, log)
     except KeyboardInterrupt:

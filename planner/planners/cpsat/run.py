@@ -15,9 +15,14 @@ from planner.timeline import Timeline
 
 # Seconds of deterministic time CP-SAT gets per second of wall-clock limit in deterministic mode (the default).
 # Measured on the 2-core development machine, transformer block at 1 GB: one deterministic second took 3.3 to 4.2
-# wall seconds idle, so 0.2 uses most of the limit with a margin. With the other core busy it took up to 7, and
-# the wall-clock limit may then end the search first: the plan's notes say so (the run may not repeat).
-DET_PER_WALL = 0.2
+# wall seconds idle on 2026-12-01, and 3.2 to 9.7 on 2026-12-02 (the rate differs between models and solves), so
+# 0.2 let the wall clock stop both solves of the default 60 s run, which may then not repeat (the notes say so).
+# With 0.1 they end on their deterministic budget (16 and 7 s, the same 105.75 ms plan); ``--workers 2`` searches
+# for the whole limit instead, not reproducibly.
+DET_PER_WALL = 0.1
+# In deterministic mode CP-SAT's own wall-clock limit is this many times the nominal wall time of its deterministic
+# budget (``Run.params``): far enough that it never shapes the search.
+WALL_SAFETY = 10.0
 # Share of the limit kept for decoding, checking and writing the plan.
 RESERVE = 0.08
 # What follows the search (offsets, their check or the caching allocator's run), in executor runs.
@@ -108,6 +113,11 @@ class Run:
     notes: list[str] = field(default_factory=list)
     record: SearchRecord = field(default_factory=SearchRecord)
     det_used: float = 0.0
+    # Seconds the starting plans are estimated to take from the graph's size alone (so the same on every run): in
+    # deterministic mode the search's deterministic budgets and the optional phases count from what is left of the
+    # limit after them, so that the wall clock does not stop the search first (transformer_block at 1 GB with 5 s:
+    # the starting plans took 3.3 s of it, and every solve was stopped by the clock).
+    start_s: float = 0.0
     sim_s: float = 0.0  # the longest executor run (without the allocator model) so far: estimates the next ones
     log_sink: LogSink | None = None  # receives CP-SAT's search log, line by line
     interrupted: bool = False  # Ctrl-C stopped the search: finish with the best plan so far, search no more
@@ -127,6 +137,10 @@ class Run:
             self.notes.append(INTERRUPTED_NOTE)
             self.record.stop = "interrupted"
             self.report(phase="interrupted")
+
+    def search_s(self) -> float:
+        """Seconds of the limit left for the search after the starting plans, by their estimate (``start_s``)."""
+        return max(0.0, self.time_limit - self.start_s)
 
     def clock_cut(self, note: str | None = None) -> None:
         """Record ``note`` (a phase the time left skipped or stopped); in deterministic mode, add once that this
@@ -189,9 +203,14 @@ class Run:
             # stronger than plain tree search on these models.
             p["num_workers"] = 1
             p["interleave_search"] = True
-            p["max_deterministic_time"] = det_s if det_s is not None else wall_s * DET_PER_WALL
-            # The wall-clock limit stays as a safety net, well above the deterministic one.
-            p["max_time_in_seconds"] = wall_s
+            det = det_s if det_s is not None else wall_s * DET_PER_WALL
+            p["max_deterministic_time"] = det
+            # CP-SAT's own wall-clock limit, set from the limit alone and far above the deterministic one: CP-SAT
+            # searches differently when its wall-clock limit is near (the transformer block's model with the same
+            # deterministic budget: 3733.3e9 with 2.66 s in 6 runs of 6, 4055.5e9 with 26.6 s), and the time left,
+            # which set it before, varies from run to run. The wall-clock limit is held by the worker, which kills
+            # the solve at ``wall_s`` (the plan's notes then say the run may not be reproducible).
+            p["max_time_in_seconds"] = WALL_SAFETY * det / DET_PER_WALL
         if log:
             # Kept in the stats (``log=True`` from Python); a sink gets it streamed instead (``worker.solve``).
             p["log_search_progress"] = True

@@ -359,6 +359,7 @@ def starting_plan(run: Run, start: str = "auto") -> tuple[Plan, Timeline]:
                 run.notes.append(f"{name} is not a starting plan: about {estimate:.0f} s, more than the time left "
                                  "allows")
                 continue
+            run.start_s += len(g.ops) * SWEEP_S_PER_OP
         try:
             if name == "greedy":
                 # Every order greedy's auto plans (one unless optimizer steps release store-backs). Its replanning
@@ -370,6 +371,10 @@ def starting_plan(run: Run, start: str = "auto") -> tuple[Plan, Timeline]:
                 # With the searched order too (auto_contexts: only under memory pressure, where it peaks lowest;
                 # remat-only on Checkmate's random n100 at 0.8: +4.0% against +139% in auto). Every order is
                 # planned, as greedy does, in the same order (the searched one last, so the deadline can cut only it).
+                # Greedy per order (and the order search), with the exact offsets its plans pay on small graphs.
+                exact = EXACT_OFFSETS_S if len(g.ops) <= EXACT_MAX_BLOCKS else 0.0
+                run.start_s += len(contexts) * (len(g.ops) * SWEEP_S_PER_OP + exact) + (
+                    2 * len(g.ops) * SWEEP_S_PER_OP if any(c.order_name == "searched" for c in contexts) else 0.0)
                 outs, spent = [], []
                 for ctx in contexts:
                     t_ctx = time.monotonic()
@@ -446,6 +451,7 @@ def _start_sweep(run: Run, contexts: list[tuple[Context, float]], cands: list[tu
         cost = sum(costs[:k])
         if cost <= SWEEP_LIMIT_SHARE * run.time_limit and _affordable(run, cost):
             chosen = [ctx for ctx, _s in contexts[:k]]
+            run.start_s += cost if run.deterministic else 0.0
             break
     if chosen is None:
         run.notes.append(f"greedy at its default settings only: its sweep ({npoints} points, about {costs[0]:.0f} s) "
@@ -465,7 +471,7 @@ def _start_sweep(run: Run, contexts: list[tuple[Context, float]], cands: list[tu
 def _affordable(run: Run, seconds: float) -> bool:
     """Whether a phase estimated at ``seconds`` fits in the time left with room for the search after it. In
     deterministic mode the time left is counted from the limit, not the clock (the same decisions every run)."""
-    left = run.time_limit * (1 - RESERVE) if run.deterministic else run.left()
+    left = run.time_limit * (1 - RESERVE) - run.start_s if run.deterministic else run.left()
     return seconds <= AFFORDABLE_SHARE * left
 
 
@@ -566,7 +572,7 @@ OFFLOAD_FIRST_SHARE = 0.5
 
 def _whole(run: Run, p: Problem, asg: Assignment, objective: str, limit_ticks, log: bool):
     lo, hi = op_windows(p, p.horizon) if len(p.ops) <= 3000 else ({}, {})
-    det = DET_PER_WALL * run.time_limit * (1 - RESERVE - 0.1) if run.deterministic else None
+    det = DET_PER_WALL * max(0.0, run.time_limit * (1 - RESERVE - 0.1) - run.start_s) if run.deterministic else None
     earlier: list[Assignment] = []
     if (run.offload and objective == "makespan" and any(g.remat is not None for g in p.gaps)
             and RECOMPUTE not in asg.off.values()):

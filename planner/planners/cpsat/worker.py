@@ -79,7 +79,8 @@ class _Callback(cp_model.CpSolverSolutionCallback):
             self.pending = msg
 
 
-def _child(model: cp_model.CpModel, params: dict, conn, stream_log: bool) -> None:
+def _child(model: cp_model.CpModel, params: dict, conn, stream_log: bool, stop_after_s: float | None = None
+           ) -> None:
     try:
         # The parent handles Ctrl-C (it keeps the best solution and kills this process); CP-SAT's own SIGINT
         # handler would only race it.
@@ -91,7 +92,17 @@ def _child(model: cp_model.CpModel, params: dict, conn, stream_log: bool) -> Non
             solver.log_callback = lambda line: conn.send(("log", line))
         cb = _Callback(conn.send)
         solver.best_bound_callback = lambda b: conn.send(("bound", b))
+        # The wall-clock limit, held here by stopping the search (CP-SAT then answers with its best solution and
+        # bound) rather than by CP-SAT's own limit, which may be set far above it (``Run.params``: deterministic
+        # mode); the parent kills this process only if that stop is not honoured.
+        timer = None
+        if stop_after_s is not None:
+            timer = threading.Timer(max(0.05, stop_after_s - 0.05), solver.stop_search)
+            timer.daemon = True
+            timer.start()
         status = solver.solve(model, cb)
+        if timer is not None:
+            timer.cancel()
         if cb.pending is not None:
             conn.send(cb.pending)
         r = solver.response_proto
@@ -144,7 +155,7 @@ def _solve_forked(model, params, wall_limit_s, on_progress, on_log=None) -> Solv
     ctx = mp.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
     t0 = time.monotonic()
-    proc = ctx.Process(target=_child, args=(model, params, child, on_log is not None), daemon=True)
+    proc = ctx.Process(target=_child, args=(model, params, child, on_log is not None, wall_limit_s), daemon=True)
     proc.start()
     child.close()
     res = SolveResult(status="UNKNOWN")

@@ -177,8 +177,7 @@ def test_no_solution_in_time_falls_back_with_a_note(monkeypatch):
     assert any("no solution" in n for n in plan.notes)
 
 
-def test_a_killed_solver_returns_within_its_limit():
-    # A model CP-SAT cannot finish: the child is stopped at the deadline and the best solution kept.
+def _hinted_model() -> Model:
     g = api.load_graph(GRAPHS / "transformer_block.json")
     hw = api.hardware("ascend-910c", hbm="1GB")
     run = Run.start(g, hw, time_limit=30, workers=2)
@@ -186,6 +185,36 @@ def test_a_killed_solver_returns_within_its_limit():
     p, asg = solve.prepare(run, base, base_tl)
     m = Model(p, whole_frame(p, asg))
     m.add_hints()
+    return m
+
+
+def test_a_solver_past_its_limit_is_stopped_at_it_with_its_best_solution():
+    # A model CP-SAT cannot finish and its own limit far away (deterministic mode sets it so): the child stops the
+    # search at the wall-clock limit, and CP-SAT answers with its best solution.
+    m = _hinted_model()
+    t0 = time.monotonic()
+    res = worker.solve(m.cp, {"num_workers": 2, "max_time_in_seconds": 100}, 1.0)
+    assert time.monotonic() - t0 < 1.0 + worker.GRACE_S + 0.5
+    assert res.has_solution and not res.killed and res.status == "FEASIBLE"
+
+
+def test_a_solver_that_does_not_stop_is_killed_within_its_limit(monkeypatch):
+    # Should the stop not be honoured (here: never asked), the parent kills the child at the deadline and keeps
+    # the best solution it was sent.
+    class NoTimer:
+        daemon = False
+
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def start(self) -> None:
+            pass
+
+        def cancel(self) -> None:
+            pass
+
+    m = _hinted_model()
+    monkeypatch.setattr(worker.threading, "Timer", NoTimer)
     t0 = time.monotonic()
     res = worker.solve(m.cp, {"num_workers": 2, "max_time_in_seconds": 100}, 1.0)
     assert time.monotonic() - t0 < 1.0 + worker.GRACE_S + 0.5
