@@ -87,15 +87,19 @@ class Op:
     bytes_accessed: float = 0.0
     duration_s: float | None = None
     workspace_bytes: int = 0
-    # False: a plan may not re-run the op (random draws, side effects); the graph file's ``"recompute": false``.
-    recompute: bool = True
+    # The graph file's ``"recompute"``. False: a plan may not re-run the op (random draws, side effects). True: it
+    # may, even with no inputs (a source that reads data the graph does not hold, as the input batch of Checkmate's
+    # format). None (absent): the default rule of ``recomputable``.
+    recompute: bool | None = None
 
     @property
     def recomputable(self) -> bool:
-        """Whether a plan may re-run the op to make its outputs again: it makes outputs from inputs, writes
-        nothing in place (a second run would write again), and the graph does not forbid it. An op with no inputs
-        (a receive, a load) makes its outputs from outside the graph and is not recomputable."""
-        return self.recompute and bool(self.outputs) and bool(self.inputs) and not self.updates
+        """Whether a plan may re-run the op to make its outputs again: it makes outputs, writes nothing in place
+        (a second run would write again), and the graph does not forbid it. An op with no inputs (a receive, a
+        load) makes its outputs from outside the graph and is recomputable only where the graph says so
+        (``recompute=True``)."""
+        return (self.recompute is not False and bool(self.outputs) and not self.updates
+                and (bool(self.inputs) or self.recompute is True))
 
     @property
     def reads(self) -> tuple[str, ...]:

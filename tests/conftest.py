@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from planner import api, bench
+from planner.formats.checkmate import graph_from_node_link
 from planner.graph import Graph, Op, Tensor, TensorKind
 from planner.hardware import HBM, Hardware, Link, Tier
 
@@ -106,3 +107,17 @@ def small_case(name: str, fraction: float) -> tuple[Graph, Hardware]:
     g = next(x for x in bench.small_graphs() if x.name == name)
     peak = api.no_offload_reference(g, api.hardware("ascend-910c", **bench.SMALL_LINKS)).metrics.peak_bytes[HBM]
     return g, api.hardware("ascend-910c", **{**bench.SMALL_LINKS, "hbm": str(int(peak * fraction))})
+
+
+def checkmate_source_graph():
+    """A Checkmate document whose source ``src`` (1 us, 1000 B, reading the input batch the format leaves out) is
+    read again by the backward pass: at 1150 B (peak 1210 B) the cheapest answer re-runs ``src`` (+1 us); without
+    that, re-running ``f1`` costs 50 us."""
+    costs = [("src", 1, 1000, False), ("f1", 50, 100, False), ("f2", 50, 100, False), ("b2", 50, 10, True),
+             ("b1", 50, 10, True), ("b0", 50, 10, True)]
+    nodes = [{"id": k, "name": n, "cost_cpu": c, "cost_ram": r, "backward": b} for k, (n, c, r, b) in enumerate(costs)]
+    links = [(0, 1), (1, 2), (2, 3), (1, 3), (3, 4), (1, 4), (0, 4), (4, 5), (0, 5)]
+    doc = {"directed": True, "multigraph": False, "graph": {}, "nodes": nodes,
+           "links": [{"source": a, "target": b} for a, b in links]}
+    return graph_from_node_link(doc, "source.json", time_unit_s=1e-6)
+

@@ -125,3 +125,33 @@ def test_recompute_of_an_op_the_graph_forbids_is_malformed():
     g = Graph.build("skip", g.tensors.values(), ops)
     tl = simulate(g, simple_hardware(hbm=1000), remat_plan().build("skip", "hand"))
     assert kinds(tl) == ["program"] and "not recomputable" in tl.violations[0].message
+
+
+def source_graph(recompute: bool | None) -> Graph:
+    """src (no inputs) -> a0; op1: a0 -> a1; op2: a0, a1 -> a2: a0 idle across op1's output only."""
+    us = 1e-6
+    tensors = [Tensor("a0", 100), Tensor("a1", 100), Tensor("a2", 100, TensorKind.OUTPUT)]
+    ops = [Op("src", "Conv", (), ("a0",), duration_s=us, recompute=recompute),
+           Op("op1", "F", ("a0",), ("a1",), duration_s=us), Op("op2", "F", ("a0", "a1"), ("a2",), duration_s=us)]
+    return Graph.build("source", tensors, ops)
+
+
+def source_remat_plan() -> ProgramBuilder:
+    pb = ProgramBuilder()
+    pb.compute("src")
+    pb.compute("op1")
+    pb.detach("a0")
+    pb.recompute("src")
+    pb.compute("op2")
+    return pb
+
+
+def test_a_source_the_graph_marks_recomputable_is_made_again_from_nothing():
+    tl = simulate(source_graph(True), simple_hardware(hbm=1000), source_remat_plan().build("source", "hand"))
+    assert tl.valid, [v.describe() for v in tl.violations]
+    assert tl.metrics.recompute_ns == 1000 and tl.metrics.makespan_ns == 4000
+
+
+def test_a_source_the_graph_does_not_mark_is_not_recomputable():
+    tl = simulate(source_graph(None), simple_hardware(hbm=1000), source_remat_plan().build("source", "hand"))
+    assert "program" in kinds(tl) and "not recomputable" in tl.violations[0].message

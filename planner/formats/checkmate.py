@@ -12,7 +12,9 @@ Two node schemas:
 
 Each node becomes one op with one output tensor of ``cost_ram``/``out_cost`` bytes (times ``size_unit_bytes``),
 kind ``gradient`` for backward nodes, ``output`` for the graph's sinks, ``activation`` otherwise; an edge u -> v
-makes u's output an input of v. A node with ``param_cost`` > 0 also reads a weight tensor of that size.
+makes u's output an input of v. A node with ``param_cost`` > 0 also reads a weight tensor of that size. A node
+with no inputs reads the step's input batch, which the format leaves out (of the graph and of its memory count);
+as in Checkmate's and Moccasin's models, a plan may recompute it (``Op.recompute=True``).
 
 Units, which the files do not state:
 
@@ -149,13 +151,12 @@ def graph_from_node_link(doc: Any, source: str, time_unit_s: float | None = None
         if r["param"] > 0:
             inputs += (f"{op_name[k]}:param",)
         accessed = sum(sizes[t] for t in inputs) + sizes[out_name[k]]
-        if macs:
-            ops.append(Op(name=op_name[k], op_type="backward" if r["backward"] else "forward", inputs=inputs,
-                          outputs=(out_name[k],), flops=2.0 * r["cost"], bytes_accessed=float(accessed)))
-        else:
-            ops.append(Op(name=op_name[k], op_type="backward" if r["backward"] else "forward", inputs=inputs,
-                          outputs=(out_name[k],), bytes_accessed=float(accessed),
-                          duration_s=_seconds(r["cost"] * unit)))
+        # A source node reads the step's input batch, which the format neither holds nor counts in memory:
+        # Checkmate's and Moccasin's models may recompute it like any node (re-reading that batch).
+        cost = {"flops": 2.0 * r["cost"]} if macs else {"duration_s": _seconds(r["cost"] * unit)}
+        ops.append(Op(name=op_name[k], op_type="backward" if r["backward"] else "forward", inputs=inputs,
+                      outputs=(out_name[k],), bytes_accessed=float(accessed), recompute=True if not inputs else None,
+                      **cost))
     file_name = meta.get("name") if isinstance(meta.get("name"), str) else None
     gname = name or file_name or "checkmate"
     metadata = {

@@ -106,7 +106,7 @@ def graph_from_dict(doc: Any, source: str) -> Graph:
             outputs=tuple(n.get("outputs", ())), updates=tuple(n.get("updates", ())),
             flops=float(n.get("flops", 0.0)), bytes_accessed=float(n.get("bytes_accessed", 0.0)),
             duration_s=None if dur is None else dur * 1e-6, workspace_bytes=int(n.get("workspace_bytes", 0)),
-            recompute=bool(n.get("recompute", True)),
+            recompute=n.get("recompute"),
         ))
     return Graph.build(doc["name"], tensors, ops, source=source, metadata=doc.get("metadata"))
 
@@ -141,8 +141,8 @@ def graph_to_dict(graph: Graph) -> dict:
             d["duration_us"] = round(op.duration_s * 1e6, 6)
         if op.workspace_bytes:
             d["workspace_bytes"] = op.workspace_bytes
-        if not op.recompute:
-            d["recompute"] = False
+        if op.recompute is not None:
+            d["recompute"] = op.recompute
         nodes.append(d)
     out: dict[str, Any] = {"format": FORMAT, "name": graph.name}
     if graph.metadata:

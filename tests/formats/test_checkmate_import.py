@@ -118,6 +118,8 @@ def test_kinds_params_and_names():
     assert g.tensors["relu#1:out"].kind == TensorKind.ACTIVATION
     assert g.op("conv").duration_s == pytest.approx(100 * DEFAULT_TIME_UNIT_S)
     assert g.op("relu#2").op_type == "backward"
+    # The source reads the input batch the format leaves out: recomputable, as in Checkmate's and Moccasin's models.
+    assert [op.recomputable for op in g.ops] == [True, True, True]
     nodes = [
         {"name": 0, "duration": 5, "out_cost": 30, "param_cost": 0},
         {"name": 1, "duration": 7, "out_cost": 40, "param_cost": 12},

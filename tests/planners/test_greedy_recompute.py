@@ -12,7 +12,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from conftest import SHARED, simple_hardware
+from conftest import SHARED, checkmate_source_graph, simple_hardware
 
 from planner import api
 from planner.cli import main
@@ -210,3 +210,12 @@ def test_checkmate_graphs_remat_only(name, fraction):
     assert out.plan.status == "feasible" and out.plan.stats["recomputes"] > 0
     assert sum(out.timeline.metrics.bytes_moved.values()) == 0
     assert out.timeline.metrics.peak_bytes[HBM] <= hw.hbm_bytes
+
+
+def test_remat_only_re_runs_a_checkmate_source_as_moccasin_does():
+    g = checkmate_source_graph()
+    hw = simple_hardware(hbm=1150, bw=1e3)
+    plan, tl = run(g, hw, offload=False)
+    assert_valid(tl)
+    assert [s.target for s in plan.steps if s.kind == StepKind.RECOMPUTE] == ["src"]
+    assert tl.metrics.makespan_ns == compute_ns(g) + 1000

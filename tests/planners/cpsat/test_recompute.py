@@ -4,7 +4,7 @@ plans with recompute steps as hints. Every plan is checked by the executor."""
 from __future__ import annotations
 
 import pytest
-from conftest import fwd_bwd, simple_hardware
+from conftest import checkmate_source_graph, fwd_bwd, simple_hardware
 
 from planner import bounds
 from planner.executor import simulate
@@ -120,3 +120,12 @@ def test_the_window_search_keeps_recompute_plans_valid(offload):
     start = plan.stats["cpsat"]["start_makespan_us"] * 1000
     assert tl.metrics.makespan_ns <= start
     assert tl.metrics.makespan_ns >= bounds.makespan_bound(g, hw).value
+
+
+def test_remat_only_re_runs_a_checkmate_source_and_proves_it_optimal():
+    g = checkmate_source_graph()
+    hw = simple_hardware(hbm=1150, bw=1e3)
+    plan, tl = checked(g, hw, offload=False)
+    assert tl.valid, [v.describe() for v in tl.violations[:3]]
+    assert [s.target for s in plan.steps if s.kind == StepKind.RECOMPUTE] == ["src"]
+    assert tl.metrics.makespan_ns == 252_000 and plan.stats["cpsat"]["optimal"]
