@@ -178,8 +178,8 @@ def check_program(graph: Graph, hw: Hardware, plan: Plan) -> list[Violation]:
                 bad(i, "recompute of an op that updates tensors in place (a second run would write them again)",
                     op=target)
             elif not op.recomputable:
-                bad(i, "recompute of an op that is not recomputable (no outputs, no inputs, or the graph forbids "
-                    "it)", op=target)
+                bad(i, "recompute of an op that is not recomputable (no outputs, no inputs where the graph does "
+                    "not mark it recomputable, or the graph forbids it)", op=target)
             if stream != COMPUTE:
                 bad(i, f"recompute step on stream {stream!r}", op=target)
             continue

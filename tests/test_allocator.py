@@ -172,3 +172,48 @@ def test_static_offsets_added_to_a_timed_run_are_the_executors_full_run():
         timed_here = simulate(g, case_hw, plan, allocator=False)
         assert with_static_offsets(g, case_hw, static, timed_here) == simulate(g, case_hw, static)
     assert not simulate(g, hw, replace(plan, offsets={k: 0 for k in offs})).valid
+
+
+def _naive_best_fit(residencies, order: str) -> dict:
+    """assign_offsets' best fit without its index: each allocation, in the order's sequence, goes by best fit
+    among every block already placed that is live at some time it is."""
+    from planner.allocator import live_end, residency_instances
+    from planner.offsets import ORDERS, offsets_by_name
+
+    inst = residency_instances(residencies)
+    key = ORDERS[order]
+    placed: list[tuple[int, int, int, int]] = []  # start, end, offset, top
+    out = {}
+    for r, k in sorted(inst, key=lambda rk: key(rk[0]) + (rk[0].name, rk[1])):
+        s, e = r.start_ns, live_end(r)
+        if e <= s:
+            out[(r.name, k)] = 0
+            continue
+        live = [(o, t) for ps, pe, o, t in placed if ps < e and pe > s]
+        off = best_fit_offset(np.array([o for o, _ in live], dtype=np.int64),
+                              np.array([t for _, t in live], dtype=np.int64), r.bytes)
+        placed.append((s, e, off, off + r.bytes))
+        out[(r.name, k)] = off
+    return offsets_by_name(out)
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("order", ["size", "area"])
+def test_indexed_best_fit_places_as_the_naive_one_does(seed, order):
+    """The segment tree of merged address ranges (and its arrays, dropped as blocks are added) must not change
+    a single offset: random timelines with runs of alike blocks (one query serves a run) and repeated names."""
+    rng = np.random.default_rng(seed)
+    res = []
+    for i in range(150):
+        s = int(rng.integers(0, 60))
+        e = s + int(rng.integers(0, 40))
+        size = int(rng.choice([8, 16, 24, 64, 100]))
+        copies = int(rng.integers(1, 4)) if rng.random() < 0.2 else 1  # a run of blocks alike in size and time
+        for c in range(copies):
+            res.append(Residency("hbm", f"t{i}_{c}", "activation", size, s, e))
+        if rng.random() < 0.1:  # the same name resident again later
+            res.append(Residency("hbm", f"t{i}_0", "activation", size, e + 5, e + 5 + int(rng.integers(1, 20))))
+    offs = assign_offsets(res, order=order)
+    assert offs == _naive_best_fit(res, order)
+    violations, _ = check_offsets(res, offs, 10**9)
+    assert violations == []
