@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections.abc import Iterable
+from itertools import chain
 
 import numpy as np
 
@@ -73,10 +74,6 @@ class _Placed:
         self.size = size
         self.cover: dict[int, _Union] = {}
         self.sub: dict[int, _Union] = {}
-        # Each union as arrays, made when a query reads it and dropped when a block is added to it: most queries
-        # read unions no block changed since the last (the long-lived blocks' ``cover`` near the root), and
-        # turning hundreds of list entries into arrays per union per query was most of a query's time.
-        self._arrays: dict[tuple[bool, int], tuple[np.ndarray, np.ndarray]] = {}
         # Many blocks share a time range (KV-cache blocks), and each range is asked for twice (query, then add).
         self._node_cache: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
 
@@ -124,33 +121,16 @@ class _Placed:
                 _merge_into(sub, v, a, b)
             for v in ancestors:
                 _merge_into(sub, v, a, b)
-        drop = self._arrays.pop
-        for v in nodes:
-            drop((True, v), None)
-            drop((False, v), None)
-        for v in ancestors:
-            drop((False, v), None)
 
     def overlapping(self, s: int, e: int) -> tuple[np.ndarray, np.ndarray]:
         """Return (starts, ends) of address intervals whose union is that of the placed blocks live at some
         time in [s, e)."""
         nodes, ancestors = self._nodes(s, e)
-        arrays, get = self._arrays, self._arrays.get
-        parts = []
-        for is_cover, vs, unions in ((False, nodes, self.sub), (True, ancestors, self.cover)):
-            for v in vs:
-                u = unions.get(v)
-                if u is None:
-                    continue
-                arr = get((is_cover, v))
-                if arr is None:
-                    arr = arrays[(is_cover, v)] = (np.array(u[0], dtype=np.int64), np.array(u[1], dtype=np.int64))
-                parts.append(arr)
-        if not parts:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-        if len(parts) == 1:
-            return parts[0]
-        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+        sub, cover = self.sub, self.cover
+        parts = [sub[v] for v in nodes if v in sub] + [cover[v] for v in ancestors if v in cover]
+        starts = np.fromiter(chain.from_iterable(p[0] for p in parts), dtype=np.int64)
+        ends = np.fromiter(chain.from_iterable(p[1] for p in parts), dtype=np.int64)
+        return starts, ends
 
 
 def best_fit_offset(offs: np.ndarray, ends: np.ndarray, size: int) -> int:
