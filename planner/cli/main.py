@@ -123,8 +123,9 @@ def _option_value(text: str):
 def command_line() -> str:
     """The command as given, rebuilt from the parsed parameters (not sys.argv, which differs under test)."""
     ctx = click.get_current_context()
-    words = ctx.command_path.split()
-    words[0] = "ho-plan"
+    # The root's name as invoked ("ho-plan", or "python -m planner") becomes "ho-plan".
+    root = ctx.find_root().info_name or ""
+    words = ["ho-plan"] + ctx.command_path[len(root):].split()
     args: list[str] = []
     for param in ctx.command.params:
         if ctx.get_parameter_source(param.name) in (ParameterSource.DEFAULT, None):
