@@ -83,7 +83,10 @@ def test_no_worse_than_greedy_on_every_graph_in_graphs():
         tl = simulate(g, hw, plan)
         greedy = simulate(g, hw, PLANNERS["greedy"](g, hw))
         assert tl.valid, (path.name, [v.describe() for v in tl.violations[:3]])
-        if greedy.valid:
+        # Within 2 s a slow machine may not let cpsat's start finish greedy (its replans for static offsets on
+        # deepseek-v3-paper): the plan then says the wall clock cut it, and is whatever that clock allowed.
+        cut = any("may not be reproducible" in n for n in plan.notes)
+        if greedy.valid and not cut:
             assert tl.metrics.makespan_ns <= greedy.metrics.makespan_ns, path.name
 
 
@@ -121,8 +124,9 @@ def test_lns_windows_always_decode_to_valid_plans(monkeypatch):
     monkeypatch.setattr(lns, "DEBUG", rejected)
     g = api.load_graph(GRAPHS / "llama3-8b-no2-4layers.json")
     hw = api.hardware("ascend-910c", hbm=_budget(g, 0.6))
-    # 12 s: greedy's start takes about 4 s here, and the windows need the rest (8 s left too little under load).
-    plan = plan_cpsat(g, hw, time_limit=12, window_ops=40)
+    # 20 s: greedy's start takes 4 to 8 s here, depending on the machine, and the windows need the rest (12 s left
+    # no time for them on a slow machine).
+    plan = plan_cpsat(g, hw, time_limit=20, window_ops=40)
     assert simulate(g, hw, plan).valid
     assert plan.stats["cpsat"]["lns"]["windows"] >= 2
     assert rejected == [], [tl.violations[0].describe() for *_x, tl in rejected]
