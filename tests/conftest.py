@@ -109,7 +109,7 @@ def small_case(name: str, fraction: float) -> tuple[Graph, Hardware]:
     return g, api.hardware("ascend-910c", **{**bench.SMALL_LINKS, "hbm": str(int(peak * fraction))})
 
 
-def checkmate_source_graph():
+def checkmate_source_graph() -> Graph:
     """A Checkmate document whose source ``src`` (1 us, 1000 B, reading the input batch the format leaves out) is
     read again by the backward pass: at 1150 B (peak 1210 B) the cheapest answer re-runs ``src`` (+1 us); without
     that, re-running ``f1`` costs 50 us."""
@@ -120,4 +120,3 @@ def checkmate_source_graph():
     doc = {"directed": True, "multigraph": False, "graph": {}, "nodes": nodes,
            "links": [{"source": a, "target": b} for a, b in links]}
     return graph_from_node_link(doc, "source.json", time_unit_s=1e-6)
-
