@@ -137,7 +137,7 @@ def _search(run: Run, p: Problem, inc: Incumbent, objective: str, limit_ns: int 
                                  "may not be reproducible")
             break
         if det_budget is not None and run.det_used >= det_budget:
-            run.record.stop = "time_limit"
+            run.record.stop = "deterministic_budget"
             break
         window = next_window(p, inc, w, tried) if objective != "peak" else peak_window(p, inc, w, tried)
         if window is None:

@@ -636,7 +636,7 @@ def _whole_solve(run: Run, p: Problem, asg: Assignment, objective: str, limit_ti
     if log and run.log_sink is None:
         run.record.log = res.log
     run.notes.extend(res.notes)
-    run.record.stop = stop_reason(res)
+    run.record.stop = stop_reason(res, det)
     if res.interrupted:
         run.interrupt()
     elif run.deterministic and (res.killed or (res.status in ("FEASIBLE", "UNKNOWN") and det is not None
@@ -657,8 +657,8 @@ def _whole_solve(run: Run, p: Problem, asg: Assignment, objective: str, limit_ti
     return [m.read(res.values)] + [m.read(v) for _obj, v in reversed(res.history) if v is not res.values]
 
 
-def stop_reason(res: worker.SolveResult) -> str:
-    """Why a solve ended, as a key of ``planner.quality.STOP_REASONS``."""
+def stop_reason(res: worker.SolveResult, det: float | None = None) -> str:
+    """Why a solve ended, as a key of ``planner.quality.STOP_REASONS``; ``det``: its deterministic budget, if any."""
     if res.interrupted:
         return "interrupted"
     if res.status == "OPTIMAL":
@@ -667,6 +667,8 @@ def stop_reason(res: worker.SolveResult) -> str:
         return "infeasible"
     if res.status in ("CRASHED", "MODEL_INVALID"):
         return "failed"
+    if det is not None and not res.killed and res.deterministic_time >= 0.99 * det:
+        return "deterministic_budget"
     return "time_limit"  # FEASIBLE, UNKNOWN (no solution in time) or TIMEOUT (killed at the deadline)
 
 

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -19,7 +20,7 @@ from planner.executor import simulate
 from planner.planners.cpsat import plan_cpsat, worker
 from planner.planners.cpsat.model import Model, whole_frame
 from planner.planners.cpsat.run import CLOCK_NOTE, INTERRUPTED_NOTE, Run
-from planner.planners.cpsat.solve import prepare, starting_plan
+from planner.planners.cpsat.solve import prepare, starting_plan, stop_reason
 from planner.quality import STOP_REASONS, plan_quality, solver_outcome
 
 TB = str(GRAPHS / "transformer_block.json")
@@ -214,3 +215,15 @@ def test_a_deterministic_run_the_clock_cut_short_says_it_may_not_be_reproducible
     assert simulate(g, hw, plan).valid
     assert sum("may not be reproducible" in n for n in plan.notes) >= 1
     assert plan.notes.count(CLOCK_NOTE) <= 1
+
+
+def test_a_deterministic_solve_that_spent_its_budget_says_so_not_time_limit():
+    # A one-worker run ends on its deterministic budget, often well before the limit: the outcome must say so (and
+    # how to search the whole limit), not "time limit".
+    spent = worker.SolveResult(status="FEASIBLE", deterministic_time=3.0)
+    assert stop_reason(spent, det=3.0) == "deterministic_budget"
+    assert "--workers 2" in STOP_REASONS["deterministic_budget"]
+    assert stop_reason(spent, det=None) == "time_limit"  # --workers 2: the wall clock ends it
+    assert stop_reason(replace(spent, deterministic_time=1.0), det=3.0) == "time_limit"  # the clock came first
+    assert stop_reason(replace(spent, killed=True), det=3.0) == "time_limit"
+    assert stop_reason(replace(spent, status="OPTIMAL"), det=3.0) == "optimal"
