@@ -215,3 +215,23 @@ def test_paper_command_smoke(tmp_path):
     assert "| lowest HBM peak at 71k tokens (GB) | 61.2 | 45.0 |" in md and "Made by `ho-plan paper" in md
     for png in ("paper-seqlen.png", "paper-bandwidth.png"):
         assert (out / png).read_bytes().startswith(PNG_MAGIC)
+
+
+def test_a_joint_point_takes_the_faster_recompute_off_plan_and_says_so():
+    """A plan without re-runs is a joint plan too: the joint row takes it where it is faster, never where slower."""
+    from planner.report.paper import take_recompute_off
+
+    def row(tag, planner, bw, ms, status="valid"):
+        return {"tag": tag, "planner": planner, "bandwidth_GBps": bw, "makespan_us": ms * 1000, "status": status,
+                "notes": [], "seeded_from": None, "peak_hbm_bytes": int(ms)}
+
+    rows = [row("recompute_off", "cpsat", 40, 321.0), row("joint", "cpsat", 40, 330.7),
+            row("recompute_off", "cpsat", 20, 466.0), row("joint", "cpsat", 20, 333.6),
+            row("recompute_off", "greedy", 20, 500.0, "invalid"), row("joint", "greedy", 20, 600.0, "invalid")]
+    take_recompute_off(rows)
+    j40, j20, g20 = rows[1], rows[3], rows[5]
+    assert j40["makespan_us"] == 321_000 and j40["from_recompute_off"] and j40["peak_hbm_bytes"] == 321
+    assert j40["tag"] == "joint" and "recompute-off plan" in j40["notes"][0]
+    assert j20["makespan_us"] == 333_600 and not j20["from_recompute_off"]
+    assert g20["status"] == "invalid" and not g20["from_recompute_off"]  # an invalid plan is never taken
+    assert rows[0]["makespan_us"] == 321_000 and "from_recompute_off" not in rows[0]
