@@ -237,7 +237,7 @@ def _placed(ctx: Context, settings: Settings, offsets: bool, name: str, deadline
     if budget < floor:
         plan = build_plan(ctx, settings, budget, name)  # infeasible: say why
         return Planned(plan, simulate(g, hw, plan))
-    plan, timeline, answers = _plan_checked(ctx, settings, budget, name)
+    plan, timeline, answers, cut = _plan_checked(ctx, settings, budget, name)
     if not offsets or plan.status != PlanStatus.FEASIBLE or not timeline.valid:
         return Planned(plan, simulate(g, hw, plan))
     first = plan
@@ -302,7 +302,7 @@ def _placed(ctx: Context, settings: Settings, offsets: bool, name: str, deadline
                 cut = True
                 break
         attempt += 1
-        candidate, cand_tl, _ = _plan_checked(ctx, settings, budget, name, only)
+        candidate, cand_tl, _, _ = _plan_checked(ctx, settings, budget, name, only, cut)
         fresh = candidate.status == PlanStatus.FEASIBLE and cand_tl.valid
         if fresh:
             plan, timeline = candidate, cand_tl
@@ -349,10 +349,11 @@ def _cheap(t0: float, deadline: float | None) -> bool:
     return deadline is None or 2 * (time.monotonic() - t0) < deadline - t0
 
 
-def _plan_checked(ctx: Context, settings: Settings, budget: int, name: str, only: Answers | None = None
-                  ) -> tuple[Plan, Timeline, Answers | None]:
+def _plan_checked(ctx: Context, settings: Settings, budget: int, name: str, only: Answers | None = None,
+                  cut: bool | None = None) -> tuple[Plan, Timeline, Answers | None, bool]:
     """Plan against ``budget`` and time the plan (no allocator model); an invalid plan becomes infeasible. Return
-    the plan, its timeline and the answers it was built with (None: the recompute chains').
+    the plan, its timeline, the answers it was built with (None: the recompute chains') and whether its link
+    windows were cut (``select_gaps``' ``cut_windows``).
 
     With both answers on (offload and recompute), the joint plan is checked against each answer alone where that
     could differ: the offload-only plan when the joint one recomputes, the remat-only plan when it offloads and a
@@ -366,11 +367,17 @@ def _plan_checked(ctx: Context, settings: Settings, budget: int, name: str, only
     too (when the selection's plan is not valid, or on graphs of up to ``CHAINS_MAX_OPS`` ops): the selection
     recomputes at depth 1 only and finds no remat plan on Checkmate's random graphs.
 
+    On graphs of up to ``REFINE_MAX_OPS`` ops the selection with its link windows uncut is a variant too: the cut
+    keeps optimizer states from being offloaded behind the passes that fill HBM (LLaMA-3-8B training at 33.6 GB/s:
+    470.1 ms uncut, 350.8 ms cut), but where most ops are over the budget it leaves the distance rule little to
+    take (transformer_block at 1 GB: 132.2 ms uncut, 138.6 ms cut).
+
     ``only``: build with these answers alone, no variant (a replan that keeps the answers a first plan chose).
+    ``cut``: build with the windows cut or not, no such variant (a replan that keeps what a first plan chose).
     """
     answers = only if only is not None else ctx.answers
-    plan = build_plan(ctx, settings, budget, name, answers)
-    best = (*_checked(ctx, plan), answers)
+    plan = build_plan(ctx, settings, budget, name, answers, cut_windows=cut is not False)
+    best = (*_checked(ctx, plan), answers, cut is not False)
     variants = []
     if only is None and answers.offload and answers.recompute:
         used = plan.stats.get("answers", [])
@@ -379,19 +386,25 @@ def _plan_checked(ctx: Context, settings: Settings, budget: int, name: str, only
         if "offload" in used and _remat_may_fit(ctx, budget):
             variants.append(Answers(offload=False))
     for variant in variants:
-        alt = build_plan(ctx, settings, budget, name, variant)
+        alt = build_plan(ctx, settings, budget, name, variant, cut_windows=best[4])
         if alt.status != PlanStatus.FEASIBLE or alt.steps == plan.steps:
             continue
         checked = _checked(ctx, alt)
         if checked[0] < best[0]:
-            best = (*checked, variant)
+            best = (*checked, variant, best[4])
+    if cut is None and ctx.n <= REFINE_MAX_OPS and ctx.tiers:
+        uncut = build_plan(ctx, settings, budget, name, best[3], cut_windows=False)
+        if uncut.status == PlanStatus.FEASIBLE and uncut.steps != best[1].steps:
+            checked = _checked(ctx, uncut)
+            if checked[0] < best[0]:
+                best = (*checked, best[3], False)
     if answers.recompute and (best[0][0] or ctx.n <= CHAINS_MAX_OPS) and chains_apply(ctx):
         chains = _chains_plan(ctx, settings, budget, name)
         if chains is not None:
             checked = _checked(ctx, chains)
             if checked[0] < best[0]:
-                best = (*checked, None)
-    return best[1], best[2], best[3]
+                best = (*checked, None, best[4])
+    return best[1], best[2], best[3], best[4]
 
 
 def _chains_plan(ctx: Context, settings: Settings, budget: int, name: str, addresses: bool = False) -> Plan | None:
@@ -435,14 +448,14 @@ def _checked(ctx: Context, plan: Plan) -> tuple[tuple, Plan, Timeline]:
     return (not (timeline.valid and plan.status == PlanStatus.FEASIBLE), timeline.metrics.makespan_ns), plan, timeline
 
 
-def build_plan(ctx: Context, settings: Settings, budget: int, name: str = "greedy", answers: Answers | None = None
-               ) -> Plan:
+def build_plan(ctx: Context, settings: Settings, budget: int, name: str = "greedy", answers: Answers | None = None,
+               cut_windows: bool = True) -> Plan:
     """Select, refine and emit (no executor run). ``answers`` narrows ``ctx.answers`` (``select_gaps``); the plan's
-    options record ``ctx.answers``, what the caller asked for."""
+    options record ``ctx.answers``, what the caller asked for. ``cut_windows``: ``select_gaps``'."""
     answers = answers if answers is not None else ctx.answers
     gaps, _L, _over = select_gaps(
         ctx, budget, settings.select_distance, settings.select_num, settings.prefetch_distance,
-        settings.release_distance, answers,
+        settings.release_distance, answers, cut_windows,
     )
     # Resolve the copies, count, place; placing may give gaps up, and a gap given up may have held the remote
     # copy a later gap of its tensor relied on, so resolve and place again until no gap is given up.

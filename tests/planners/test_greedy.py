@@ -210,13 +210,13 @@ def test_on_large_graphs_a_replan_for_the_offsets_keeps_the_answers_the_full_bud
     from planner.planners.greedy_select import Answers, Context
 
     g = api.load_graph(GRAPHS / "llama3-8b-no2-4layers.json")
-    hw = api.hardware("ascend-910c", hbm="8GB")
+    hw = api.hardware("ascend-910c", hbm="7GB")
     calls: list[tuple[int, Answers | None]] = []
     build = greedy.build_plan
 
-    def recording(ctx, settings, budget, name="greedy", answers=None):
+    def recording(ctx, settings, budget, name="greedy", answers=None, cut_windows=True):
         calls.append((budget, answers))
-        return build(ctx, settings, budget, name, answers)
+        return build(ctx, settings, budget, name, answers, cut_windows)
 
     monkeypatch.setattr(greedy, "build_plan", recording)
     monkeypatch.setattr(greedy, "REFINE_MAX_OPS", 0)
