@@ -58,7 +58,7 @@ def test_the_default_command_is_reproducible(tmp_path):
 
 def test_the_outcome_is_in_json_the_schedule_and_the_table(tmp_path):
     out = tmp_path / "tb.schedule.json"
-    r = CliRunner().invoke(main, [TB, "--hbm", "1GB", "--time-limit", "5", "--json", "-o", str(out)])
+    r = CliRunner().invoke(main, [TB, "--hbm", "1GB", "--time-limit", "10", "--json", "-o", str(out)])
     assert r.exit_code == 0, r.output
     _validates(str(out))
     d = json.loads(r.stdout)
@@ -73,7 +73,7 @@ def test_the_outcome_is_in_json_the_schedule_and_the_table(tmp_path):
         assert solver["cp_sat_status"] == "OPTIMAL" or d["proof"] == "optimal"
     # The schedule file records the same outcome, under quality.
     assert json.loads(out.read_text())["quality"]["solver"] == solver
-    table = CliRunner().invoke(main, [TB, "--hbm", "1GB", "--time-limit", "5", "--no-output"])
+    table = CliRunner().invoke(main, [TB, "--hbm", "1GB", "--time-limit", "10", "--no-output"])
     assert table.exit_code == 0 and "solver outcome" in table.output and "stopped:" in table.output
 
 
@@ -81,7 +81,7 @@ def test_a_solver_with_no_solution_is_a_fallback_not_a_success(monkeypatch):
     g = api.load_graph(TB)
     hw = api.hardware("ascend-910c", hbm="1GB")
     monkeypatch.setattr(worker, "solve", lambda *a, **k: worker.SolveResult(status="UNKNOWN"))
-    plan = plan_cpsat(g, hw, time_limit=5)
+    plan = plan_cpsat(g, hw, time_limit=10)
     tl = simulate(g, hw, plan)
     assert tl.valid
     o = solver_outcome(plan)
@@ -179,13 +179,13 @@ def test_sigint_to_the_command_writes_a_valid_schedule_and_exits_130(tmp_path):
 
 
 def test_the_search_log_goes_to_stderr_or_a_file_never_stdout(tmp_path):
-    r = CliRunner().invoke(main, [TB, "--hbm", "1GB", "--time-limit", "5", "--json", "--no-output",
+    r = CliRunner().invoke(main, [TB, "--hbm", "1GB", "--time-limit", "10", "--json", "--no-output",
                                   "-O", "log=true"])
     assert r.exit_code == 0, r.output
     json.loads(r.stdout)  # nothing but the JSON summary on stdout
     assert "Starting CP-SAT" in r.stderr and "# cpsat: the whole model" in r.stderr
     log = tmp_path / "search.log"
-    r = CliRunner().invoke(main, [TB, "--hbm", "1GB", "--time-limit", "5", "--json", "--no-output",
+    r = CliRunner().invoke(main, [TB, "--hbm", "1GB", "--time-limit", "10", "--json", "--no-output",
                                   "-O", f"log={log}"])
     assert r.exit_code == 0, r.output
     json.loads(r.stdout)
