@@ -237,7 +237,7 @@ def _placed(ctx: Context, settings: Settings, offsets: bool, name: str, deadline
     if budget < floor:
         plan = build_plan(ctx, settings, budget, name)  # infeasible: say why
         return Planned(plan, simulate(g, hw, plan))
-    plan, timeline, answers, cut = _plan_checked(ctx, settings, budget, name)
+    plan, timeline, answers, windows_cut = _plan_checked(ctx, settings, budget, name)
     if not offsets or plan.status != PlanStatus.FEASIBLE or not timeline.valid:
         return Planned(plan, simulate(g, hw, plan))
     first = plan
@@ -302,7 +302,7 @@ def _placed(ctx: Context, settings: Settings, offsets: bool, name: str, deadline
                 cut = True
                 break
         attempt += 1
-        candidate, cand_tl, _, _ = _plan_checked(ctx, settings, budget, name, only, cut)
+        candidate, cand_tl, _, _ = _plan_checked(ctx, settings, budget, name, only, windows_cut)
         fresh = candidate.status == PlanStatus.FEASIBLE and cand_tl.valid
         if fresh:
             plan, timeline = candidate, cand_tl
@@ -350,7 +350,7 @@ def _cheap(t0: float, deadline: float | None) -> bool:
 
 
 def _plan_checked(ctx: Context, settings: Settings, budget: int, name: str, only: Answers | None = None,
-                  cut: bool | None = None) -> tuple[Plan, Timeline, Answers | None, bool]:
+                  windows_cut: bool | None = None) -> tuple[Plan, Timeline, Answers | None, bool]:
     """Plan against ``budget`` and time the plan (no allocator model); an invalid plan becomes infeasible. Return
     the plan, its timeline, the answers it was built with (None: the recompute chains') and whether its link
     windows were cut (``select_gaps``' ``cut_windows``).
@@ -373,11 +373,11 @@ def _plan_checked(ctx: Context, settings: Settings, budget: int, name: str, only
     take (transformer_block at 1 GB: 132.2 ms uncut, 138.6 ms cut).
 
     ``only``: build with these answers alone, no variant (a replan that keeps the answers a first plan chose).
-    ``cut``: build with the windows cut or not, no such variant (a replan that keeps what a first plan chose).
+    ``windows_cut``: build with the windows cut or not, no such variant (a replan keeps what the first plan chose).
     """
     answers = only if only is not None else ctx.answers
-    plan = build_plan(ctx, settings, budget, name, answers, cut_windows=cut is not False)
-    best = (*_checked(ctx, plan), answers, cut is not False)
+    plan = build_plan(ctx, settings, budget, name, answers, cut_windows=windows_cut is not False)
+    best = (*_checked(ctx, plan), answers, windows_cut is not False)
     variants = []
     if only is None and answers.offload and answers.recompute:
         used = plan.stats.get("answers", [])
@@ -392,7 +392,7 @@ def _plan_checked(ctx: Context, settings: Settings, budget: int, name: str, only
         checked = _checked(ctx, alt)
         if checked[0] < best[0]:
             best = (*checked, variant, best[4])
-    if cut is None and ctx.n <= REFINE_MAX_OPS and ctx.tiers:
+    if windows_cut is None and ctx.n <= REFINE_MAX_OPS and ctx.tiers:
         uncut = build_plan(ctx, settings, budget, name, best[3], cut_windows=False)
         if uncut.status == PlanStatus.FEASIBLE and uncut.steps != best[1].steps:
             checked = _checked(ctx, uncut)
