@@ -369,7 +369,7 @@ def _plan_checked(ctx: Context, settings: Settings, budget: int, name: str, only
 
     On graphs of up to ``REFINE_MAX_OPS`` ops the selection with its link windows uncut is a variant too: the cut
     keeps optimizer states from being offloaded behind the passes that fill HBM (LLaMA-3-8B training at 33.6 GB/s:
-    470.1 ms uncut, 350.8 ms cut), but where most ops are over the budget it leaves the distance rule little to
+    470.1 ms uncut, 350.7 ms cut), but where most ops are over the budget it leaves the distance rule little to
     take (transformer_block at 1 GB: 132.2 ms uncut, 138.6 ms cut).
 
     ``only``: build with these answers alone, no variant (a replan that keeps the answers a first plan chose).
