@@ -190,8 +190,19 @@ def test_infeasible_below_the_lower_bound_says_why():
     assert plan_greedy_sweep(g, hw).status == "infeasible"
 
 
+def handover_cases():
+    """Every small graph at four budgets; the large ones at half their peak (replans for the offsets, the caching
+    allocator) and at their peak (offsets at once), but the 128k graph, the 64k one's twin at twice the sizes."""
+    for p in cases():
+        path, fraction = p.values
+        small = path.stat().st_size < 100_000
+        if small and fraction in (0.5, 0.75, 0.8, 1.0) or not small and fraction in (0.5, 1.0) \
+                and "nsa-128k" not in path.name:
+            yield p
+
+
 @pytest.mark.parametrize("offsets", [True, False])
-@pytest.mark.parametrize("path,fraction", [p for p in cases() if p.values[1] in (0.5, 0.75, 0.8, 1.0)])
+@pytest.mark.parametrize("path,fraction", list(handover_cases()))
 def test_the_timeline_greedy_hands_over_is_the_executors(path, fraction, offsets):
     """api.plan uses the timeline plan_greedy_timed returns instead of simulating again: it must be exactly the
     executor's, on every path (static offsets at once, after replanning, the caching allocator, no offsets)."""
@@ -199,7 +210,6 @@ def test_the_timeline_greedy_hands_over_is_the_executors(path, fraction, offsets
     hw = api.hardware(name, hbm=str(int(peak * fraction)))
     out = plan_greedy_timed(g, hw, offsets=offsets)
     assert out.timeline == simulate(g, hw, out.plan)
-    assert out.plan == plan_greedy(g, hw, offsets=offsets)
 
 
 def test_on_large_graphs_a_replan_for_the_offsets_keeps_the_answers_the_full_budget_chose(monkeypatch):
