@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import GRAPHS, simple_hardware, three_bigs, two_fetches
+from conftest import GRAPHS, chain_graph, simple_hardware, three_bigs, two_fetches
 
 from planner import api
 from planner.executor import simulate
@@ -346,3 +346,41 @@ def test_the_timeline_cpsat_hands_over_is_the_executors(whole_max_ops):
     out = plan_cpsat_timed(g, hw, time_limit=3, workers=1, whole_max_ops=whole_max_ops, window_ops=12)
     assert out.timeline == simulate(g, hw, out.plan)
     assert out.timeline.valid
+
+
+def test_a_best_solution_whose_offsets_do_not_fit_is_repaired_at_a_lowered_capacity(monkeypatch):
+    # Issue 10, point 4: when the best solution's static offsets need more than the budget, a repair solve keeps
+    # the address space they needed beyond its peak free. The first check is made to say that the best solution's
+    # offsets end 10 B above the budget: the repair's best solution must then peak 10 B lower than the solution it
+    # repairs (which holds a weight longer than it must), and the plan returned has static offsets and is valid.
+    g, hw = chain_graph(weight_home="host"), simple_hardware(hbm=10_000)
+    real = solve.place_statically
+    checked: list = []  # the timelines checked, the main solve's best first
+
+    def first_fails(graph, hw_, plan, tl, time_limit_s=10.0):
+        checked.append(tl)
+        if len(checked) == 1:
+            return None, hw.hbm_bytes + 10
+        return real(graph, hw_, plan, tl, time_limit_s=time_limit_s)
+
+    finished: list = []
+    real_finish = solve.finish
+
+    def recording(run, p, sols, unfit=None):
+        finished.append([simulate(g, hw, plan_from_assignment(p, s), allocator=False) for s in sols])
+        return real_finish(run, p, sols, unfit)
+
+    monkeypatch.setattr(solve, "place_statically", first_fails)
+    monkeypatch.setattr(solve, "finish", recording)
+    plan = plan_cpsat(g, hw, time_limit=10, workers=1)
+    tl = simulate(g, hw, plan)
+    assert tl.valid and tl.metrics.allocator == "static"
+    st = plan.stats["cpsat"]
+    assert st["follow_up"] == "repair: OPTIMAL", (st, plan.notes)
+    assert any("beyond its peak" in n for n in plan.notes)
+    # finish receives the repair's solutions first, its best first.
+    repaired, main_best = finished[-1][0], checked[0]
+    assert repaired.valid
+    assert repaired.metrics.peak_bytes[HBM] <= main_best.metrics.peak_bytes[HBM] - 10
+    # Here the lower peak costs nothing: the weight is dropped as soon as its op has run.
+    assert repaired.metrics.makespan_ns == main_best.metrics.makespan_ns
