@@ -80,9 +80,9 @@ class SearchRecord:
     # HBM placement of the result.
     offset_height_bytes: int | None = None
     slower_solution_placed: bool | None = None  # a slower solution was kept because its static offsets fit
-    # The solve after the main one and its status: "repair: ..." (the best solution's static offsets did not fit;
-    # at a capacity lowered by what they needed beyond its peak) or "continued: ..." (they did; at the budget).
-    follow_up: str | None = None
+    # CP-SAT's status in the repair solve (the best solution's static offsets did not fit: a solve at a capacity
+    # lowered by what they needed beyond its peak), when one ran.
+    offsets_repair: str | None = None
     # The result.
     returned: str | None = None  # cpsat, start or exact
     exact_optimum_us: float | None = None

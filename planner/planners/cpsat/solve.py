@@ -612,7 +612,7 @@ def _whole(run: Run, p: Problem, asg: Assignment, objective: str, limit_ticks, l
     repair_det = None if det_all is None else det_all * REPAIR_SHARE
     if run.left() * (1 - RESERVE) > REPAIR_MIN_S and (repair_det is None or repair_det / DET_PER_WALL < run.left()):
         more = _whole_solve(run, p, repair_hint(run, p, sols), objective, limit_ticks, log, lo, hi, repair_det, 1.0,
-                            follow_up="repair")
+                            repair=True)
         sols = (more or []) + sols
     # The best solution's offsets were found not to fit: place_hbm tries the others first (and, unless one fits and
     # is faster, leaves the best to the caching allocator).
@@ -661,13 +661,13 @@ def leave_room_for_offsets(run: Run, p: Problem, sol: Assignment) -> bool:
 
 
 def _whole_solve(run: Run, p: Problem, asg: Assignment, objective: str, limit_ticks, log: bool, lo, hi,
-                 det: float | None, share: float, no_remat: bool = False, follow_up: str | None = None
+                 det: float | None, share: float, no_remat: bool = False, repair: bool = False
                  ) -> list[Assignment] | None:
     """One solve of the whole model hinted by ``asg`` with ``share`` of the time left (and ``det`` deterministic
     seconds): its solutions, best first, or None. ``no_remat``: re-runs fixed off (the offload-only model).
-    ``follow_up``: a solve after the main one, ``repair`` (at a capacity lowered for static offsets) or
-    ``continued`` (at the budget): the record adds its solutions and time to the main solve's (whose status,
-    bound and objective stay the record's) and keeps its status in ``follow_up``."""
+    ``repair``: the solve after the main one at a capacity lowered for static offsets: the record adds its
+    solutions and time to the main solve's (whose status, bound and objective stay the record's) and keeps its
+    status in ``offsets_repair``."""
     frame = whole_frame(p, asg, lo, hi)
     t = time.monotonic()
     m = Model(p, frame, objective=objective, makespan_limit=limit_ticks)
@@ -698,9 +698,9 @@ def _whole_solve(run: Run, p: Problem, asg: Assignment, objective: str, limit_ti
     res = worker.solve(m.cp, params, wall, on_progress, on_log=run.log_sink if log else None)
     run.det_used += res.deterministic_time
     run.notes.extend(res.notes)
-    if follow_up is not None:
+    if repair:
         rec = run.record
-        rec.follow_up = f"{follow_up}: {res.status}"
+        rec.offsets_repair = res.status
         rec.solutions = (rec.solutions or 0) + res.solutions
         rec.solver_wall_s = round((rec.solver_wall_s or 0) + res.wall_s, 3)
         rec.deterministic_time = round((rec.deterministic_time or 0) + res.deterministic_time, 3)

@@ -376,7 +376,7 @@ def test_a_best_solution_whose_offsets_do_not_fit_is_repaired_at_a_lowered_capac
     tl = simulate(g, hw, plan)
     assert tl.valid and tl.metrics.allocator == "static"
     st = plan.stats["cpsat"]
-    assert st["follow_up"] == "repair: OPTIMAL", (st, plan.notes)
+    assert st["offsets_repair"] == "OPTIMAL", (st, plan.notes)
     assert any("beyond its peak" in n for n in plan.notes)
     # finish receives the repair's solutions first, its best first.
     repaired, main_best = finished[-1][0], checked[0]
