@@ -65,6 +65,11 @@ REFINE_MAX_OPS = 5000
 SEARCH_MAX_OPS = 5000
 SEARCH_GAIN = 0.01  # and only when it lowers their lowest peak by at least this share (else one more order to plan)
 REFINE_RETRIES = 3
+# How fast best fit's offset height over the plan's peak grows as the planning budget drops, per unit of budget
+# share (the 29k-op DeepSeek-V3 NSA inference graph at 53.8 GB: 1.0397, 1.0560, 1.0759 at 53.8, 51.2, 49.4 GB, 0.34
+# then 0.57; the 38.8k-op one: 1.0489, 1.0838, 1.1125 at 53.8, 50.8, 47.4 GB, 0.62 then 0.46). Used for the first
+# replan on graphs above REFINE_MAX_OPS, before two attempts measure it.
+FRAG_GROWTH = 0.45
 
 
 @dataclass(frozen=True)
@@ -243,7 +248,9 @@ def _placed(ctx: Context, settings: Settings, offsets: bool, name: str, deadline
     first = plan
     static: Planned | None = None
     out_of_time = False
-    ratios: list[float] = []  # offset height / planning budget, per attempt
+    ratios: list[float] = []  # offset height / planning budget, per attempt whose offsets did not fit
+    tried: list[int] = []  # and those attempts' planning budgets
+    unplannable: int | None = None  # large graphs: a planning budget too low for a valid plan
     attempt = 0
     unplaced = budget  # the lowest planning budget whose plan is valid but whose offsets do not fit
     low: int | None = None  # the highest planning budget whose offsets fit, or else with no valid plan
@@ -268,6 +275,7 @@ def _placed(ctx: Context, settings: Settings, offsets: bool, name: str, deadline
             else:
                 unplaced = min(unplaced, budget)
                 ratios.append(height / budget)
+                tried.append(budget)
         if low is not None:
             # Between a budget too low (or one that fits) and one that does not fit: halfway, on small graphs (a
             # plan for a lower budget is usually slower, and the recompute chains run out of room before the gap
@@ -287,10 +295,24 @@ def _placed(ctx: Context, settings: Settings, offsets: bool, name: str, deadline
             # from the last two attempts. A margin of 1% (growing by 0.5% an attempt) for the plan changing under
             # the budget.
             ratio = ratios[-1]
-            if len(ratios) >= 2:
-                ratio += max(0.0, ratios[-1] - ratios[-2])
             margin = 0.99 - 0.005 * attempt
-            budget = min(budget - hw.hbm_bytes // 1000, int(hw.hbm_bytes / ratio * margin))
+            if not refine:
+                # Large graphs, whose attempts cost 10 to 20 s each, plan for where the ratio will be, not where it
+                # was: growing linearly as the budget drops, at the rate the last two attempts measured (or
+                # FRAG_GROWTH before there are two).
+                slope = -FRAG_GROWTH / hw.hbm_bytes if len(ratios) < 2 else min(
+                    0.0, (ratios[-1] - ratios[-2]) / (tried[-1] - tried[-2]))
+                target = _fitting_budget(tried[-1], ratio, slope, hw.hbm_bytes * margin)
+                if unplannable is not None:
+                    # The prediction was too low for a valid plan: step back up, halfway to the last budget whose
+                    # offsets did not fit.
+                    target = max(target, (unplannable + tried[-1]) // 2)
+                    budget = tried[-1]
+            else:
+                if len(ratios) >= 2:
+                    ratio += max(0.0, ratios[-1] - ratios[-2])
+                target = int(hw.hbm_bytes / ratio * margin)
+            budget = min(budget - hw.hbm_bytes // 1000, target)
             if budget < floor:
                 break
         if deadline is not None:
@@ -308,6 +330,8 @@ def _placed(ctx: Context, settings: Settings, offsets: bool, name: str, deadline
             plan, timeline = candidate, cand_tl
         elif refine and static is None and _cheap(t0, deadline):
             low = budget if low is None else max(low, budget)
+        elif not refine and static is None and unplannable is None and tried:
+            unplannable = budget  # once: the next attempt steps back up
         else:
             cut = cut or (refine and static is None)
             break
@@ -347,6 +371,20 @@ def _cheap(t0: float, deadline: float | None) -> bool:
     searched order of Checkmate's random n1000 at 0.8 after 2 of the 6 plans greedy makes alone (8263.7 against
     8122.8 ms), which cpsat's 40 s of windows did not make up (8191.4 ms); with half, cpsat ends at 8050.5 ms."""
     return deadline is None or 2 * (time.monotonic() - t0) < deadline - t0
+
+
+def _fitting_budget(at: int, ratio: float, slope: float, room: float) -> int:
+    """The largest planning budget ``b`` up to ``at`` whose offsets' height, ``b * (ratio + slope * (b - at))`` (the
+    height over the budget measured at ``at``, growing by ``-slope`` per byte the budget drops), is within ``room``
+    bytes."""
+    lo, hi = 0.0, float(at)
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if mid * (ratio + slope * (mid - at)) <= room:
+            lo = mid
+        else:
+            hi = mid
+    return int(lo)
 
 
 def _plan_checked(ctx: Context, settings: Settings, budget: int, name: str, only: Answers | None = None,
