@@ -16,10 +16,14 @@ al. 2021), but offline, knowing every future use:
 A run that fails because an op cannot get back a dropped input starts over with that tensor never dropped; a few
 weighings (``POLICIES``) each run, and the one that re-runs least is kept.
 
-Only single-output producers re-run (as in the gap selection): a re-run makes every output not on HBM, so with one
-output what it allocates is exactly what the count adds. It moves nothing, so it applies only where nothing has to
-move (no tensor starts on a remote tier and is read); it returns None otherwise, or when some allocation cannot
-fit even with everything droppable dropped.
+A re-run makes every output of its op that is not on HBM (the executor's rule), so the run places them all; the
+ones nothing reads again are freed after the op the chain served. Producers with several outputs re-run too
+(LLaMA's RoPE and FlashAttention: without them a 2-layer training step at the recompute-on budget finds no remat
+plan). A re-run must read what the op first read: it runs before the first op that writes one of the producer's
+inputs in place (a training step's weights, written by the optimizer after the backward), never after.
+
+It moves nothing, so it applies only where nothing has to move (no tensor starts on a remote tier and is read); it
+returns None otherwise, or when some allocation cannot fit even with everything droppable dropped.
 """
 
 from __future__ import annotations
@@ -208,12 +212,22 @@ class _Facts:
         self.reads = reads
         updated = {t for t, ups in ctx.upd.items() if ups}
         self.remakeable: dict[str, bool] = {}
-        for t, tensor in g.tensors.items():
+        for t in g.tensors:
             p = g.producer.get(t)
             op = g.op(p) if p is not None else None
+            # A re-run makes again every output of its op that is not on HBM, so every output must be one a re-run
+            # may make (none kept for good, none written in place since).
             self.remakeable[t] = bool(
-                op is not None and op.recomputable and len(op.outputs) == 1 and not tensor.persistent
-                and t not in updated and not any(x in updated for x in op.reads))
+                op is not None and op.recomputable
+                and not any(g.tensors[o].persistent or o in updated for o in op.outputs))
+        # A re-run must read what the op first read: it can run before slot ``fresh_until[t]`` at the latest, the
+        # first op after the producer that writes one of its inputs in place (LLaMA's weights: the optimizer's).
+        self.fresh_until: dict[str, int] = {}
+        for t, ok in self.remakeable.items():
+            if ok:
+                p = self.pos[g.producer[t]]
+                self.fresh_until[t] = min((q for x in g.op(g.producer[t]).reads for q in ctx.upd[x] if q > p),
+                                          default=n)
         # How long each tensor may be needed: read, or read by a re-run that makes a tensor needed later.
         need = {t: (reads[t][-1] if reads[t] else -1) for t in g.tensors}
         for op in reversed(ctx.ops):
@@ -246,6 +260,8 @@ class _Facts:
         # Per remakeable tensor: its producer's reads and duration; per tensor: bytes and last read.
         self.preads = {t: g.op(g.producer[t]).reads for t in g.tensors if self.remakeable[t]}
         self.pdur = {t: self.dur[g.producer[t]] for t in self.preads}
+        # What a re-run making t allocates at most: every output of its producer.
+        self.psize = {t: sum(g.tensors[o].bytes for o in g.op(g.producer[t]).outputs) for t in self.preads}
         self.size = {t: tensor.bytes for t, tensor in g.tensors.items()}
         self.last_read = {t: (r[-1] if r else -1) for t, r in reads.items()}
 
@@ -264,7 +280,9 @@ class _Chains:
         f = facts
         self.g, self.pos, self.reads, self.remakeable = f.g, f.pos, f.reads, f.remakeable
         self.free_at, self.last, self.dropped, self.dur, self.ws = f.free_at, f.last, f.dropped, f.dur, f.ws
+        self.fresh_until = f.fresh_until
         self.preads, self.pdur, self.size, self.last_read = f.preads, f.pdur, f.size, f.last_read
+        self.psize = f.psize
         self.redo_at: dict[int, list[str]] = {}  # re-runs scheduled early, by slot
         self.state = _State(budget, dict(f.start_resident))
         self.addresses = addresses
@@ -349,7 +367,7 @@ class _Chains:
             if s.resident[x]:
                 stack.pop()
                 continue
-            if not self.remakeable[x]:
+            if not self.remakeable[x] or i > self.fresh_until[x]:
                 return False
             op = g.op(g.producer[x])
             if x not in pushed:
@@ -359,9 +377,13 @@ class _Chains:
             if missing:
                 stack.extend(missing)
                 continue
-            if not self._alloc(x, self.size[x], i):
-                return False
-            s.resident[x] = True
+            outs = [o for o in op.outputs if not s.resident[o]]
+            self._pin(outs)  # placing one output must not drop another the re-run is making
+            for o in outs:
+                if not self._alloc(o, self.size[o], i):
+                    return False
+                s.resident[o] = True
+            self._unpin(outs)
             if not self._alloc(WORKSPACE + op.name, op.workspace_bytes, i):
                 return False
             s.peak = max(s.peak, s.mem)
@@ -372,10 +394,10 @@ class _Chains:
             if s.recomputes > self.max_recomputes:
                 self.gave_up = True
                 return False  # thrashing: a plan re-running this much would not be worth having
-            s.on.add(x)
+            s.on.update(outs)
             self._unpin(op.reads)
             pushed.discard(x)
-            made.append(x)
+            made.extend(outs)
             stack.pop()
         return True
 
@@ -393,6 +415,8 @@ class _Chains:
             if not self.remakeable[t] or s.pins.get(t, 0) or t in self.keep:
                 continue
             nxt = self._next_read(t, i)
+            if nxt is not None and nxt > self.fresh_until[t]:
+                continue  # a re-run then would read inputs written in place since
             b = max(1, self.size[t])
             # Dropping it must open a hole the allocation fits in (with its free neighbours) to free an address.
             short = int(self.space.merged(self.addr[t], self.size[t]) < need)
@@ -442,12 +466,14 @@ class _Chains:
             nxt: list[str] = []
             for x in frontier:
                 cost += self.pdur[x]
-                held += size[x]
+                held += self.psize[x]
                 for y in self.preads[x]:
                     if y in seen:
                         continue
                     seen.add(y)
                     if remakeable[y] and (not resident[y] or last[y] < when):
+                        if when > self.fresh_until[y]:
+                            return cost, 1, held  # a chain that cannot run: ranks after every one that can
                         nxt.append(y)
                     else:
                         held += size[y]
