@@ -533,6 +533,13 @@ def needs_store(p: Problem, a: Assignment, gap) -> bool:
     return not (gap.store_unless_placed and p.tensors[gap.tensor].placement_gap in a.off)
 
 
+def needed_slots(p: Problem, a: Assignment) -> set[int]:
+    """The slots whose Store some offloaded gap of ``a`` needs. The model lets a Store be present while its gaps
+    are re-run rather than offloaded (it only costs link time there); in a program such a Store could follow the
+    Detach and find its tensor gone."""
+    return {p.gaps[gi].slot for gi in a.off if needs_store(p, a, p.gaps[gi])}
+
+
 def op_end(p: Problem, a: Assignment, o: int) -> int:
     return a.start[o] + p.ops[o].dur
 

@@ -26,7 +26,7 @@ import bisect
 from planner.hardware import HBM
 from planner.placement import plan_placement
 from planner.plan import COMPUTE, Plan, ProgramBuilder
-from planner.planners.cpsat.data import RECOMPUTE, Assignment, Problem, needs_store, op_end
+from planner.planners.cpsat.data import RECOMPUTE, Assignment, Problem, needed_slots, needs_store, op_end
 
 _DETACH, _STORE, _OP, _REDO, _PREFETCH = 0, 1, 2, 3, 4
 
@@ -57,7 +57,8 @@ def _events(p: Problem, a: Assignment) -> tuple[list[tuple[int, int, int, int]],
     Detach, its stream and the last op before it. A Detach goes after the users before its gap and, when it needs
     its slot's Store, after that Store on its link."""
     ev: list[tuple[int, int, int, int]] = [(a.start[o], _OP, o, o) for o in range(len(p.ops))]
-    ev.extend((a.store_start[s], _STORE, s, s) for s in a.store)
+    needed = needed_slots(p, a)
+    ev.extend((a.store_start[s], _STORE, s, s) for s in a.store if s in needed)
     detach_info: dict[int, tuple[str, int | None]] = {}
     for g in a.off:
         gap = p.gaps[g]

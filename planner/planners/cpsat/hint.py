@@ -20,6 +20,7 @@ from planner.planners.cpsat.data import (
     alloc_time,
     canonical,
     chain,
+    needed_slots,
     needs_store,
     op_end,
 )
@@ -182,7 +183,7 @@ def assignment_from_plan(p: Problem, plan: Plan, times: list[tuple[int, int]]) -
                 ends.append(remat_ends[t.index])
             a.freed[t.index] = max(ends, default=alloc_time(p, a, t))
     # Slots whose Store no offloaded gap needs are dropped.
-    needed = {p.gaps[gi].slot for gi in a.off if needs_store(p, a, p.gaps[gi])}
+    needed = needed_slots(p, a)
     for s in list(a.store):
         if s not in needed:
             del a.store[s]

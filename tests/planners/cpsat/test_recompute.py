@@ -110,6 +110,26 @@ def test_a_plan_with_recompute_steps_is_a_feasible_hint_that_decodes_back():
     assert assignment_from_plan(p, again, tick_times(p, again))[1] == []
 
 
+def test_a_store_beside_a_re_run_gap_is_left_out_of_the_program():
+    # The model lets a version's Store be present while its gap is re-run (it costs only link time). Emitted, that
+    # Store would follow the Detach the re-run gap puts right after the last use, and find its tensor gone.
+    g = fwd_bwd()
+    hw = at_fraction(g, 0.8, SLOW)
+    plan, tl = checked(g, hw, offload=False)
+    run = Run.start(g, hw, 10.0)
+    p, asg = prepare(run, plan, tl)
+    redo = [gap for gap in p.gaps if asg.off.get(gap.index) == RECOMPUTE and gap.slot is not None]
+    assert redo
+    tier = next(iter(p.tiers))
+    for gap in redo:
+        asg.store[gap.slot] = tier
+        asg.store_start[gap.slot] = asg.prefetch[gap.index]  # late: after the Detach
+    again = plan_from_assignment(p, asg)
+    re_tl = simulate(g, hw, again)
+    assert re_tl.valid, [v.describe() for v in re_tl.violations[:3]]
+    assert again.count(StepKind.STORE) == plan.count(StepKind.STORE)
+
+
 @pytest.mark.parametrize("offload", [False, True])
 def test_the_window_search_keeps_recompute_plans_valid(offload):
     g = fwd_bwd(n=16)
