@@ -70,13 +70,14 @@ def check_compatible(graph: Graph, hw: Hardware, source: str = "<graph>") -> Non
             )
 
 
-def no_offload_reference(graph: Graph, hw: Hardware) -> Timeline:
+def no_offload_reference(graph: Graph, hw: Hardware, source: str = "<graph>") -> Timeline:
     """The no-offload plan's timeline on ``hw`` with unbounded HBM: the makespan and peak to compare against
     (and the caching allocator's high-water mark, ``offset_height_bytes``: the HBM it needs with fragmentation).
 
     The program without ``plan_none``'s check against the budget, which would run the executor once more for
-    nothing: the HBM is unbounded.
+    nothing: the HBM is unbounded. Raises InputError when a tensor starts on a tier ``hw`` does not have.
     """
+    check_compatible(graph, hw, source)
     big = replace(hw, tiers=tuple(Tier(t.name, 2**62) if t.name == HBM else t for t in hw.tiers))
     return simulate(graph, big, program_none(graph, big))
 
