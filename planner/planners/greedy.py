@@ -415,7 +415,8 @@ def _plan_checked(ctx: Context, settings: Settings, budget: int, name: str, only
     take (transformer_block at 1 GB: 132.2 ms uncut, 138.6 ms cut).
 
     ``only``: build with these answers alone, no variant (a replan that keeps the answers a first plan chose).
-    ``windows_cut``: build with the windows cut or not, no such variant (a replan keeps what the first plan chose).
+    ``windows_cut``: build with the windows cut or not, no such variant (a replan on a large graph keeps what the
+    first plan chose; on small graphs replans pass None and try both).
     """
     answers = only if only is not None else ctx.answers
     plan = build_plan(ctx, settings, budget, name, answers, cut_windows=windows_cut is not False)
