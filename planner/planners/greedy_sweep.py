@@ -78,14 +78,19 @@ def plan_greedy_sweep(
 
 
 def sweep_contexts(contexts: list[Context], grid: dict | None = None, offsets: bool = True,
-                   finalists: int = FINALISTS) -> Plan:
+                   finalists: int = FINALISTS, defaults: bool = True) -> Plan:
     """``plan_greedy_sweep`` over prepared Contexts of one graph and hardware (a caller that ran greedy on them
-    already: what they keep, such as the recompute chains' plans, is reused)."""
+    already: what they keep, such as the recompute chains' plans, is reused).
+
+    ``defaults=False``: the defaults are not planned in full unless no other point is valid (a caller that holds
+    greedy's plan at its defaults already, and keeps the better of the two), so the returned plan may be slower
+    than the defaults'. Each full plan costs about a greedy run (15 s on deepseek-v3-nsa-128k-L3-1layer at 60%)."""
     with gc_paused():  # as greedy (planner/gc_pause.py)
-        return _sweep(contexts, grid, offsets, finalists)
+        return _sweep(contexts, grid, offsets, finalists, defaults)
 
 
-def _sweep(contexts: list[Context], grid: dict | None, offsets: bool, finalists: int) -> Plan:
+def _sweep(contexts: list[Context], grid: dict | None, offsets: bool, finalists: int, defaults: bool = True
+           ) -> Plan:
     graph, hw = contexts[0].graph, contexts[0].hw
     points = grid_points(grid)
     if hw.hbm_bytes < hbm_floor(graph)[0]:
@@ -113,8 +118,8 @@ def _sweep(contexts: list[Context], grid: dict | None, offsets: bool, finalists:
         # when no point of the order was valid here: the full plan may still find one (the recompute chains).
         chosen = []
         for c in range(len(contexts)):
-            mine = [(c, k) for *_, c2, k in ranked if c2 == c][: max(1, int(finalists))]
-            chosen += mine + [(c, 0)] * ((c, 0) not in mine)
+            mine = [(c, k) for *_, c2, k in ranked if c2 == c and (defaults or k)][: max(1, int(finalists))]
+            chosen += mine + [(c, 0)] * (defaults and (c, 0) not in mine)
     best: tuple | None = None
     for c, k in chosen or [(0, 0)]:
         out = planned_with_context(contexts[c], points[k], offsets=offsets, name="greedy-sweep")

@@ -82,8 +82,9 @@ AFFORDABLE_SHARE = 0.25
 # Greedy's sweep gets a larger share: cpsat promises never to end slower than the sweep's best point, and its
 # estimate runs high (finalists reuse what greedy's run prepared: on Checkmate's random_n500 at 0.8, 2 workers,
 # 12.4 s estimated for 6.4 s spent). At 0.25 the sweep was skipped there and cpsat ended at +72.7% against the
-# sweep's +54.6%.
-SWEEP_AFFORDABLE_SHARE = 0.5
+# sweep's +54.6%. At 0.5 the sweep with one finalist (22 s estimated, 43 s left) was skipped on
+# deepseek-v3-nsa-128k-L3-1layer at 60% (2 workers, 60 s): 1559.2 ms against the sweep's 1255.6.
+SWEEP_AFFORDABLE_SHARE = 0.6
 
 def plan_cpsat(
     graph: Graph,
@@ -428,8 +429,9 @@ def _none_over_budget(g: Graph, hw: Hardware) -> bool:
 
 def _start_sweep(run: Run, contexts: list[tuple[Context, float]], cands: list[tuple[Plan, Timeline]]) -> None:
     """Greedy's sweep as a starting candidate (appended to ``cands``), on as many of the orders greedy planned as fit
-    in the time, the one its defaults did best on (``contexts[0]``) first; when not even that one fits, none (a note
-    says so). Each order's prepared Context is reused.
+    in the time, the one its defaults did best on (``contexts[0]``) first, with ``FINALISTS`` finalists planned in
+    full or else one; when not even that fits, none (a note says so). Each order's prepared Context is reused, and
+    the defaults are not planned in full again: greedy's plan at its defaults is in ``cands``.
 
     Deterministic runs estimate a sweep from the op count; others from what it does on each order: a point (one is
     timed per order here), then its finalists planned in full, as greedy planned that order. (A point does not pay
@@ -440,29 +442,38 @@ def _start_sweep(run: Run, contexts: list[tuple[Context, float]], cands: list[tu
     """
     g, hw = run.graph, run.hw
     npoints = _sweep_points()
-    costs = []
+    # Per order: (the points' cost, one finalist's cost). The defaults' full plan is greedy's, in ``cands`` already.
+    costs: list[tuple[float, float]] = []
     for ctx, greedy_ctx_s in contexts:
         if run.deterministic:
-            exact = FINALISTS * EXACT_OFFSETS_S if len(g.ops) <= EXACT_MAX_BLOCKS else 0.0
-            costs.append(len(g.ops) * SWEEP_S_PER_OP * npoints * SWEEP_POINT_SHARE + exact)
+            exact = EXACT_OFFSETS_S if len(g.ops) <= EXACT_MAX_BLOCKS else 0.0
+            full = len(g.ops) * SWEEP_S_PER_OP
+            costs.append((full * npoints * SWEEP_POINT_SHARE - FINALISTS * full, full + exact))
             continue
         t_point = time.monotonic()
         probe = build_plan(ctx, grid_points()[-1], hw.hbm_bytes, "greedy-sweep")
         simulate(g, hw, probe, allocator=False)
-        costs.append((npoints - 1) * (time.monotonic() - t_point) + FINALISTS * greedy_ctx_s)
+        costs.append(((npoints - 1) * (time.monotonic() - t_point), greedy_ctx_s))
     chosen = None
-    for k in range(len(contexts), 0, -1):  # the most orders that fit, the best of greedy's defaults first
-        cost = sum(costs[:k])
-        if cost <= SWEEP_LIMIT_SHARE * run.time_limit and _affordable(run, cost, SWEEP_AFFORDABLE_SHARE):
-            chosen = [ctx for ctx, _s in contexts[:k]]
-            run.start_s += cost if run.deterministic else 0.0
+    # The most orders that fit (the best of greedy's defaults first), each with FINALISTS finalists, else with one:
+    # on deepseek-v3-nsa-128k-L3-1layer at 60% (2 workers, 60 s) the points took 7 s and each finalist 15 s, so
+    # the sweep did not fit and cpsat ended at 1515.5 ms against the sweep's 1255.6 ms (its first finalist's).
+    for k in range(len(contexts), 0, -1):
+        for finalists in sorted({FINALISTS, 1}, reverse=True):
+            cost = sum(points + finalists * full for points, full in costs[:k])
+            if cost <= SWEEP_LIMIT_SHARE * run.time_limit and _affordable(run, cost, SWEEP_AFFORDABLE_SHARE):
+                chosen = [ctx for ctx, _s in contexts[:k]]
+                run.start_s += cost if run.deterministic else 0.0
+                break
+        if chosen is not None:
             break
     if chosen is None:
-        run.notes.append(f"greedy at its default settings only: its sweep ({npoints} points, about {costs[0]:.0f} s) "
-                         "does not fit in the time limit")
+        points, full = costs[0]
+        run.notes.append(f"greedy at its default settings only: its sweep ({npoints} points and a finalist, about "
+                         f"{points + full:.0f} s) does not fit in the time limit")
         return
     try:
-        plan = sweep_contexts(chosen)
+        plan = sweep_contexts(chosen, finalists=finalists, defaults=False)
         cands.append((plan, simulate(g, hw, plan)))
     except KeyboardInterrupt:
         if not any(tl.valid for _p, tl in cands):
