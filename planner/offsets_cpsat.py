@@ -25,7 +25,12 @@ from ortools.sat.python import cp_model
 
 from planner.allocator import live_end, residency_instances
 from planner.hardware import HBM
-from planner.offsets import assign_offsets, offsets_by_name, offsets_height
+from planner.offsets import (
+    assign_offsets,
+    offsets_by_name,
+    offsets_height,
+    tries_for,
+)
 from planner.timeline import Residency
 
 EXACT_MAX_BLOCKS = 400  # larger timelines keep best fit (measured: no gain within seconds at 1,000+ allocations)
@@ -95,15 +100,21 @@ __all__ = ["EXACT_MAX_BLOCKS", "fit_offsets", "offsets_within"]
 def offsets_within(
     residencies: Iterable[Residency], capacity: int, tier: str = HBM, time_limit_s: float = 10.0
 ) -> tuple[dict[str, int | list[int]], int]:
-    """Return (offsets, their height): best fit's, or, when those end above ``capacity``, CP-SAT's exact
-    assignment within it if it finds one (``planner/offsets_cpsat.py``: timelines of up to a few hundred
-    allocations). The height is above ``capacity`` only when neither fits."""
+    """Return (offsets, their height) within ``capacity`` when one of these finds them, tried in turn: the
+    (order, fit) pairs of ``assign_offsets`` (``tries_for``: all eight on timelines of up to ``EVERY_TRY_MAX``
+    allocations, fewer above), then CP-SAT's exact assignment (timelines of up to a few hundred
+    allocations). Otherwise the lowest offsets found, whose height is then above ``capacity``."""
     residencies = list(residencies)
-    offs = assign_offsets(residencies, tier)
-    height = offsets_height(residencies, offs, tier)
-    if height <= capacity:
-        return offs, height
+    best: tuple[dict[str, int | list[int]], int] | None = None
+    for order, fit in tries_for(len(residencies)):
+        offs = assign_offsets(residencies, tier, order, fit)
+        height = offsets_height(residencies, offs, tier)
+        if height <= capacity:
+            return offs, height
+        if best is None or height < best[1]:
+            best = (offs, height)
+    assert best is not None
     exact = fit_offsets(residencies, capacity, tier=tier, time_limit_s=time_limit_s)
-    if exact is None:
-        return offs, height
-    return exact, offsets_height(residencies, exact, tier)
+    if exact is not None:
+        return exact, offsets_height(residencies, exact, tier)
+    return best

@@ -174,9 +174,19 @@ def test_static_offsets_added_to_a_timed_run_are_the_executors_full_run():
     assert not simulate(g, hw, replace(plan, offsets={k: 0 for k in offs})).valid
 
 
-def _naive_best_fit(residencies, order: str) -> dict:
-    """assign_offsets' best fit without its index: each allocation, in the order's sequence, goes by best fit
-    among every block already placed that is live at some time it is."""
+def _lowest_gap(offs: list[int], ends: list[int], size: int) -> int:
+    """First fit by hand: the lowest address where ``size`` bytes clear every block [offs, ends)."""
+    at = 0
+    for o, e in sorted(zip(offs, ends)):
+        if o - at >= size:
+            return at
+        at = max(at, e)
+    return at
+
+
+def _naive_best_fit(residencies, order: str, fit: str = "best") -> dict:
+    """assign_offsets without its index: each allocation, in the order's sequence, goes by best fit (or first
+    fit) among every block already placed that is live at some time it is."""
     from planner.allocator import live_end, residency_instances
     from planner.offsets import ORDERS, offsets_by_name
 
@@ -190,8 +200,11 @@ def _naive_best_fit(residencies, order: str) -> dict:
             out[(r.name, k)] = 0
             continue
         live = [(o, t) for ps, pe, o, t in placed if ps < e and pe > s]
-        off = best_fit_offset(np.array([o for o, _ in live], dtype=np.int64),
-                              np.array([t for _, t in live], dtype=np.int64), r.bytes)
+        if fit == "first":
+            off = _lowest_gap([o for o, _ in live], [t for _, t in live], r.bytes)
+        else:
+            off = best_fit_offset(np.array([o for o, _ in live], dtype=np.int64),
+                                  np.array([t for _, t in live], dtype=np.int64), r.bytes)
         placed.append((s, e, off, off + r.bytes))
         out[(r.name, k)] = off
     return offsets_by_name(out)
@@ -199,7 +212,8 @@ def _naive_best_fit(residencies, order: str) -> dict:
 
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("order", ["size", "area"])
-def test_indexed_best_fit_places_as_the_naive_one_does(seed, order):
+@pytest.mark.parametrize("fit", ["best", "first"])
+def test_indexed_best_fit_places_as_the_naive_one_does(seed, order, fit):
     """The segment tree of merged address ranges (and its arrays, dropped as blocks are added) must not change
     a single offset: random timelines with runs of alike blocks (one query serves a run) and repeated names."""
     rng = np.random.default_rng(seed)
@@ -213,7 +227,7 @@ def test_indexed_best_fit_places_as_the_naive_one_does(seed, order):
             res.append(Residency("hbm", f"t{i}_{c}", "activation", size, s, e))
         if rng.random() < 0.1:  # the same name resident again later
             res.append(Residency("hbm", f"t{i}_0", "activation", size, e + 5, e + 5 + int(rng.integers(1, 20))))
-    offs = assign_offsets(res, order=order)
-    assert offs == _naive_best_fit(res, order)
+    offs = assign_offsets(res, order=order, fit=fit)
+    assert offs == _naive_best_fit(res, order, fit)
     violations, _ = check_offsets(res, offs, 10**9)
     assert violations == []
