@@ -189,7 +189,7 @@ def best_fit_run(offs: np.ndarray, ends: np.ndarray, size: int, count: int, fit:
 
 # Timelines up to EVERY_TRY_MAX allocations try every (order, fit) pair (milliseconds each at a few hundred);
 # up to FEW_TRIES_MAX the first three (0.3-0.5 s each at 2,000); larger ones (seconds each: 8-10 s at 173k
-# allocations) the first alone.
+# allocations) only LARGE_TRIES.
 EVERY_TRY_MAX = 1500
 FEW_TRIES_MAX = 5000
 
@@ -208,13 +208,17 @@ ORDERS = {
 # allocations) area/first reaches 1.036 and 0.988, size/first 1.048 and 0.985, size/best 1.049 and 1.0001.
 TRIES = (("area", "first"), ("size", "first"), ("area", "best"), ("lifetime", "first"), ("lifetime", "best"),
          ("size", "best"), ("start", "first"), ("start", "best"))
+# Above FEW_TRIES_MAX: size/first. On the 38.8k-op graph greedy then fits at its second attempt (51,995.8 ms,
+# 102.7 s); with area/first, whose lower first height made greedy's second budget higher, at its third, planned
+# for 42.3 GB, slower than the caching allocator (55,933.0 ms, 137.6 s).
+LARGE_TRIES = (("size", "first"),)
 
 
 def tries_for(count: int) -> tuple[tuple[str, str], ...]:
     """The (order, fit) pairs worth trying on a timeline of ``count`` allocations."""
     if count <= EVERY_TRY_MAX:
         return TRIES
-    return TRIES[:3] if count <= FEW_TRIES_MAX else TRIES[:1]
+    return TRIES[:3] if count <= FEW_TRIES_MAX else LARGE_TRIES
 
 
 def assign_offsets(
