@@ -209,7 +209,7 @@ ORDERS = {
 TRIES = (("area", "first"), ("size", "first"), ("area", "best"), ("lifetime", "first"), ("lifetime", "best"),
          ("size", "best"), ("start", "first"), ("start", "best"))
 # Above FEW_TRIES_MAX: size/first. On the 38.8k-op graph greedy then fits at its second attempt (51,995.8 ms,
-# 102.7 s); with area/first, whose lower first height made greedy's second budget higher, at its third, planned
+# 99.9 s); with area/first, whose lower first height made greedy's second budget higher, at its third, planned
 # for 42.3 GB, slower than the caching allocator (55,933.0 ms, 137.6 s).
 LARGE_TRIES = (("size", "first"),)
 
