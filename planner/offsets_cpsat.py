@@ -25,15 +25,10 @@ from ortools.sat.python import cp_model
 
 from planner.allocator import live_end, residency_instances
 from planner.hardware import HBM
-from planner.offsets import (
-    assign_offsets,
-    offsets_by_name,
-    offsets_height,
-    tries_for,
-)
+from planner.offsets import assign_offsets, offsets_by_name, offsets_height, tries_for
 from planner.timeline import Residency
 
-EXACT_MAX_BLOCKS = 400  # larger timelines keep best fit (measured: no gain within seconds at 1,000+ allocations)
+EXACT_MAX_BLOCKS = 400  # larger timelines keep the heuristic (measured: no gain within seconds at 1,000+ allocations)
 # Pairs of allocations live at the same time (one Boolean each). transformer_block's timelines have about 900 and
 # solve in 0.1-0.4 s; a LLaMA-3 training timeline of 174 allocations and 12,821 pairs took 7 s per call, over
 # every deadline of greedy's retries and sweep, and found nothing: such models keep best fit.

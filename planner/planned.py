@@ -28,10 +28,10 @@ class Planned:
 
 def place_statically(graph: Graph, hw: Hardware, plan: Plan, timed: Timeline, time_limit_s: float = 10.0
                      ) -> tuple[Planned | None, int]:
-    """Give ``plan`` static HBM offsets for its allocator-free run ``timed`` (``offsets_within``: best fit, else
-    the exact model). Return (the plan with its offsets and its full timeline, or None when they do not fit the
-    HBM budget; the offsets' height). Greedy and cpsat both place this way, and fall back to the caching
-    allocator themselves when it returns None."""
+    """Give ``plan`` static HBM offsets for its allocator-free run ``timed`` (``offsets_within``: the heuristic's
+    (order, fit) pairs, else the exact model). Return (the plan with its offsets and its full timeline, or None
+    when they do not fit the HBM budget; the offsets' height). Greedy and cpsat both place this way, and fall
+    back to the caching allocator themselves when it returns None."""
     offs, height = offsets_within(timed.residencies, hw.hbm_bytes, time_limit_s=time_limit_s)
     if height > hw.hbm_bytes:
         return None, height
