@@ -200,6 +200,9 @@ def makespan_bounds(graph: Graph, hw: Hardware, recompute: bool = True) -> list[
         top = sorted(range(n), key=lambda k: -live[k])[: BOUND_SAMPLE // 2]
         cands = sorted({index[order[k]] for k in top} | set(range(0, n, max(1, n // (BOUND_SAMPLE // 2)))))
     best, best_op = 0.0, None
+    # Per examined op, the earliest start every plan allows: after its ancestors' compute and the fetches it and
+    # they need (stores may give way to re-runs, so they are left out).
+    earliest: dict[int, float] = {}
     for o in cands:
         a = as_array(anc[o]).astype(bool)
         d = as_array(desc[o]).astype(bool)
@@ -237,6 +240,7 @@ def makespan_bounds(graph: Graph, hw: Hardware, recompute: bool = True) -> list[
                         + max(0.0, float(size[need & free].sum()) - room)) / fetch_rate * 1e9
         anc_ns = float(dur[a].sum())
         start = max(anc_ns, store_ns, fetch_ns)
+        earliest[o] = max(anc_ns, fetch_ns)
         redo_ns = 0.0
         if store_ns > max(anc_ns, fetch_ns) and recompute:
             droppable = alive & ~ws & (remade_by >= 0)
@@ -251,7 +255,7 @@ def makespan_bounds(graph: Graph, hw: Hardware, recompute: bool = True) -> list[
                          f"op {best_op!r}: its ancestors' compute, or the stores and fetches the HBM budget forces "
                          "before it" + (" (or drops, then re-runs after it)" if recompute else "")
                          + ", then its own and its descendants' compute"))
-    back = store_back_bound(graph, hw, anc, as_array, dur)
+    back = store_back_bound(graph, hw, anc, as_array, dur, earliest)
     if back is not None:
         out.append(back)
     return out
@@ -324,13 +328,15 @@ def _cheapest_split(excess: float, store_rate: float, floor_ns: float, producers
     return min((total(x) for x in points), key=lambda sr: sr[0] + sr[1])
 
 
-def store_back_bound(graph: Graph, hw: Hardware, anc, as_array, dur) -> Bound | None:
+def store_back_bound(graph: Graph, hw: Hardware, anc, as_array, dur, earliest: dict[int, float] | None = None
+                     ) -> Bound | None:
     """Steady state: a tensor pinned to a remote tier and updated in place is stored back to that tier after its
-    last update (planner/placement.py). Its Store is released no earlier than the compute of that update and its
-    ancestors; the Stores to one tier share its store link. The least time to run jobs with release times on a
-    machine of that rate (preemption allowed, which only lowers it) is the largest, over the release times r, of
-    r plus the work released at or after r. Tensors whose tier the planner chooses are left out (they may start
-    on HBM)."""
+    last update (planner/placement.py). Its Store is released no earlier than that update's end: after its
+    ancestors' compute, or, where ``earliest`` (the per-op bound's) says later, after the fetches it and its
+    ancestors need; then its own compute. The Stores to one tier share its store link. The least time to run
+    jobs with release times on a machine of that rate (preemption allowed, which only lowers it) is the largest,
+    over the release times r, of r plus the work released at or after r. Tensors whose tier the planner chooses
+    are left out (they may start on HBM)."""
     last_update: dict[str, int] = {}
     for i, op in enumerate(graph.ops):
         for t in op.updates:
@@ -342,7 +348,7 @@ def store_back_bound(graph: Graph, hw: Hardware, anc, as_array, dur) -> Bound | 
             continue
         link = hw.store_link(tensor.home)
         rate = link.bandwidth_Bps * link.channels
-        release = float(dur[as_array(anc[i]).astype(bool)].sum()) + float(dur[i])
+        release = max(float(dur[as_array(anc[i]).astype(bool)].sum()), (earliest or {}).get(i, 0.0)) + float(dur[i])
         jobs.setdefault(tensor.home, []).append((release, tensor.bytes / rate * 1e9))
     best, where = 0.0, None
     for tier, js in jobs.items():
@@ -355,7 +361,8 @@ def store_back_bound(graph: Graph, hw: Hardware, anc, as_array, dur) -> Bound | 
     if where is None:
         return None
     return Bound("makespan_ns", best, f"tensors pinned to {where} are stored back there after their last update, "
-                                      "on its store link, no earlier than that update's ancestors' compute")
+                                      "on its store link, no earlier than that update's ancestors' compute and the "
+                                      "fetches it and they need")
 
 
 def makespan_bound(graph: Graph, hw: Hardware, recompute: bool = True) -> Bound:

@@ -108,3 +108,19 @@ def test_the_order_bound_is_labelled_and_holds_for_the_no_offload_order():
     # The reactive runtime keeps the no-offload order.
     tl = simulate(g, hw, PLANNERS["reactive"](g, hw))
     assert tl.valid and b.value <= tl.metrics.makespan_ns
+
+
+def test_the_store_back_waits_for_the_fetches_its_update_needs():
+    # An optimizer state of 100 B on the host, read and updated in place by one 1 ns op: it is fetched (100 ns at
+    # 1 B/ns), updated, then stored back (100 ns), so no plan ends before 201 ns (the exact search proves it).
+    # Released after the update's ancestors' compute alone, the store-back bound said 101 ns.
+    from planner.planners.exact import plan_exact
+
+    tensors = [Tensor("m", 100, TensorKind.OPTIMIZER_STATE, home="host"), Tensor("g", 1, TensorKind.INPUT)]
+    g = Graph.build("update_on_host", tensors, [Op("step", "AdamW", ("g",), (), ("m",), duration_s=NS)])
+    hw = simple_hardware(hbm=1000)
+    back = [b for b in bounds.makespan_bounds(g, hw) if b.reason.startswith("tensors pinned to host")]
+    assert [b.value for b in back] == [201]
+    optimum = plan_exact(g, hw)
+    tl = simulate(g, hw, optimum)
+    assert tl.valid and optimum.stats["exact"]["proven"] and tl.metrics.makespan_ns == 201
