@@ -49,6 +49,7 @@ class SearchRecord:
     start_planner: str | None = None
     start_makespan_us: float | None = None
     start_candidates: dict[str, float] | None = None  # every valid starting plan's makespan, by planner
+    search_start: str | None = None  # the order of greedy's plan the search started from, when not the best start's
     compute_us: float | None = None  # the compute bound: a plan at it is optimal
     # The scaled problem and the hint.
     ops: int | None = None

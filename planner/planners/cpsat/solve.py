@@ -59,7 +59,7 @@ from planner.planners.greedy import (
 )
 from planner.planners.greedy_select import Context
 from planner.planners.greedy_sweep import FINALISTS, grid_points, plan_greedy_sweep, sweep_contexts
-from planner.planners.none import plan_none
+from planner.planners.none import no_offload_program, plan_none
 from planner.planners.reactive import plan_reactive
 from planner.timeline import Timeline
 
@@ -201,7 +201,7 @@ def _plan(run: Run, log: bool, objective: str, makespan_limit_us: float | None, 
     # Always recorded: the bound a report quotes for the plan depends on whether it could recompute.
     options["recompute"], options["offload"] = run.recompute, run.offload
     run.report(phase="start plan")
-    base, base_tl = starting_plan(run, start)
+    (base, base_tl), (seed, seed_tl) = starting_plans(run, start)
     worker.python_sigint()  # the starting planners may have run CP-SAT here (static offsets): Ctrl-C is ours again
     run.record.start_planner = base.planner
     run.record.start_makespan_us = base_tl.metrics.makespan_ns / 1000
@@ -229,7 +229,7 @@ def _plan(run: Run, log: bool, objective: str, makespan_limit_us: float | None, 
             run.record.status = "OPTIMAL"
             run.record.stop = "compute_bound"
         else:
-            result = _optimise(run, base, base_tl, objective, makespan_limit_us, whole_max_ops, window_ops, log)
+            result = _optimise(run, seed, seed_tl, objective, makespan_limit_us, whole_max_ops, window_ops, log)
     except KeyboardInterrupt:
         # Ctrl-C outside a solve (decoding, the executor, HBM placement): the starting plan is the best valid plan
         # at hand.
@@ -334,7 +334,13 @@ STARTING_PLANNERS = {"greedy": plan_greedy, "greedy-sweep": plan_greedy_sweep, "
 
 
 def starting_plan(run: Run, start: str = "auto") -> tuple[Plan, Timeline]:
-    """The best valid plan among greedy (swept when affordable), reactive and no offload, within the clock.
+    """The best valid plan among greedy (swept when affordable), reactive and no offload, within the clock."""
+    return starting_plans(run, start)[0]
+
+
+def starting_plans(run: Run, start: str = "auto") -> tuple[tuple[Plan, Timeline], tuple[Plan, Timeline]]:
+    """(the best valid plan among greedy (swept when affordable), reactive and no offload, within the clock; the
+    plan the search starts from: that one, or greedy's plan in an order with more room (``_search_start``)).
 
     Greedy comes first and is always run (it is the usual winner and the fallback); its replanning for static
     offsets stops where it would overrun the limit. Its sweep, reactive and no offload run only when
@@ -349,6 +355,7 @@ def starting_plan(run: Run, start: str = "auto") -> tuple[Plan, Timeline]:
     greedy_s = None
     # The orders greedy planned (the one its defaults did best on first) and its seconds on each.
     greedy_ctxs: list[tuple[Context, float]] = []
+    greedy_plans: list[tuple[Context, Planned]] = []  # and its plan in each, the same order
     for name in names:
         fn = STARTING_PLANNERS.get(name)
         if fn is None:
@@ -390,6 +397,7 @@ def starting_plan(run: Run, start: str = "auto") -> tuple[Plan, Timeline]:
                 best_k = min(range(len(outs)), key=lambda k: rank_planned(outs[k]))
                 out = outs[best_k]
                 greedy_ctxs = [(contexts[k], spent[k]) for k in [best_k] + [k for k in range(len(outs)) if k != best_k]]
+                greedy_plans = [(contexts[k], outs[k]) for k in [best_k] + [k for k in range(len(outs)) if k != best_k]]
                 cands.append((out.plan, out.timeline))
             else:
                 kw = {"recompute": run.recompute, "offload": run.offload} if name.startswith("greedy") else {}
@@ -416,7 +424,46 @@ def starting_plan(run: Run, start: str = "auto") -> tuple[Plan, Timeline]:
         raise RuntimeError("no starting plan")
     best = min(pool, key=lambda c: (c[1].metrics.makespan_ns, c[1].metrics.peak_bytes[HBM]))
     run.record.start_candidates = {c[0].planner: c[1].metrics.makespan_ns / 1000 for c in cands if c[1].valid}
-    return best
+    return best, _search_start(run, best, greedy_plans)
+
+
+# The search starts from another order's greedy plan when that order, run with unbounded HBM, is at least this
+# share faster than both the best starting plan and the best starting order run so.
+ROOMIER_ORDER = 0.05
+
+
+def _search_start(run: Run, best: tuple[Plan, Timeline], greedy_plans: list[tuple[Context, Planned]]
+                  ) -> tuple[Plan, Timeline]:
+    """The plan the search starts from: ``best``, or greedy's valid plan in the order whose no-offload program with
+    unbounded HBM (the order's floor: what a plan in it can reach when HBM is no constraint) is the fastest, when
+    that floor is ``ROOMIER_ORDER`` under ``best``'s makespan and under the floor of the order greedy did best on.
+
+    Why: the search moves ops within windows of the starting order, so it cannot leave an order's floor behind. On
+    deepseek-v3-paper at 90% greedy does best in the micro-batch by micro-batch order (2335.4 ms), whose floor is
+    2303.8 ms, where cpsat then ended; greedy's plan in the store-release order is slower (2375.0 ms), but that
+    order's floor is 1892.0 ms, and from it the search reached 1956.8 ms in 60 s (2 workers). ``best`` stays the
+    fallback: the search's result is returned only when faster.
+    """
+    if len(greedy_plans) < 2 or run.interrupted:
+        return best
+    g, hw = run.graph, run.hw
+    big = replace(hw, tiers=tuple(replace(t, capacity_bytes=2**62) if t.name == HBM else t for t in hw.tiers))
+    if not _affordable(run, len(greedy_plans) * run.estimated_sim_s()):
+        return best
+    floors = [simulate(g, big, no_offload_program(g, big, ctx.order)).metrics.makespan_ns for ctx, _p in greedy_plans]
+    k = min(range(len(floors)), key=lambda i: (floors[i], i))
+    ctx, planned = greedy_plans[k]
+    ok = planned.timeline.valid and planned.plan.status == PlanStatus.FEASIBLE
+    limit = (1 - ROOMIER_ORDER) * min(best[1].metrics.makespan_ns, floors[0])
+    if k == 0 or not ok or floors[k] > limit or planned.plan is best[0]:
+        return best
+    run.notes.append(
+        f"the search starts from greedy's plan in the {ctx.order_name} order "
+        f"({planned.timeline.metrics.makespan_ns / 1e6:.1f} ms), not from the best start "
+        f"({best[1].metrics.makespan_ns / 1e6:.1f} ms): that order runs {floors[k] / 1e6:.1f} ms with unbounded HBM, "
+        f"the {greedy_plans[0][0].order_name} order {floors[0] / 1e6:.1f} ms")
+    run.record.search_start = ctx.order_name
+    return planned.plan, planned.timeline
 
 
 def _none_over_budget(g: Graph, hw: Hardware) -> bool:
