@@ -384,3 +384,39 @@ def test_a_best_solution_whose_offsets_do_not_fit_is_repaired_at_a_lowered_capac
     assert repaired.metrics.peak_bytes[HBM] <= main_best.metrics.peak_bytes[HBM] - 10
     # Here the lower peak costs nothing: the weight is dropped as soon as its op has run.
     assert repaired.metrics.makespan_ns == main_best.metrics.makespan_ns
+
+
+def test_the_search_starts_from_the_order_whose_floor_is_lower():
+    # deepseek-v3-paper at 90%: greedy does best micro-batch by micro-batch, an order whose no-offload program with
+    # unbounded HBM (its floor, which windows of it cannot leave) is 2303.8 ms; the store-release order's plan is
+    # slower, but that order's floor is 1892 ms. The search starts there, and the best start stays the fallback.
+    from planner.planners.greedy import Settings, answers_of, planned_with_context, rank_planned
+
+    g = api.load_graph(GRAPHS / "deepseek-v3-paper.json")
+    hw = api.hardware("ascend-910c", hbm=_budget(g, 0.9))
+    contexts = auto_contexts(g, hw, answers_of())
+    plans = sorted(((c, planned_with_context(c, Settings())) for c in contexts), key=lambda cp: rank_planned(cp[1]))
+    assert [c.order_name for c, _p in plans][:1] != ["store-release"]
+    best = (plans[0][1].plan, plans[0][1].timeline)
+    run = Run.start(g, hw, 60)
+    seed_plan, seed_tl = solve._search_start(run, best, plans)
+    chosen = next(p for c, p in plans if c.order_name == "store-release")
+    assert run.record.search_start == "store-release" and seed_plan is chosen.plan and seed_tl.valid
+    assert seed_tl.metrics.makespan_ns > best[1].metrics.makespan_ns
+    assert "unbounded HBM" in run.notes[-1]
+    # One order only: the best start.
+    assert solve._search_start(Run.start(g, hw, 60), best, plans[:1]) == best
+
+
+def test_the_search_keeps_the_best_start_when_the_other_order_lags_more_than_its_room():
+    # At 60% greedy's store-release plan is 540.6 ms slower than the best start, more than the 471.1 ms its
+    # order's floor gains: 60 s of search from it stayed slower than the best start. The best start is searched.
+    from planner.planners.greedy import Settings, answers_of, planned_with_context, rank_planned
+
+    g = api.load_graph(GRAPHS / "deepseek-v3-paper.json")
+    hw = api.hardware("ascend-910c", hbm=_budget(g, 0.6))
+    contexts = auto_contexts(g, hw, answers_of())
+    plans = sorted(((c, planned_with_context(c, Settings())) for c in contexts), key=lambda cp: rank_planned(cp[1]))
+    best = (plans[0][1].plan, plans[0][1].timeline)
+    run = Run.start(g, hw, 60)
+    assert solve._search_start(run, best, plans) == best and run.record.search_start is None
