@@ -23,7 +23,7 @@ from planner.errors import InfeasibleBudget, InputError
 from planner.executor import simulate
 from planner.formats import load_graph
 from planner.graph import Graph
-from planner.hardware import HBM, Hardware, Tier, preset, with_overrides
+from planner.hardware import Hardware, preset, with_overrides
 from planner.orders import ORDERS
 from planner.plan import Plan
 from planner.planners import get_planner, get_spec, get_timed_planner
@@ -78,7 +78,7 @@ def no_offload_reference(graph: Graph, hw: Hardware, source: str = "<graph>") ->
     nothing: the HBM is unbounded. Raises InputError when a tensor starts on a tier ``hw`` does not have.
     """
     check_compatible(graph, hw, source)
-    big = replace(hw, tiers=tuple(Tier(t.name, 2**62) if t.name == HBM else t for t in hw.tiers))
+    big = hw.with_hbm(2**62)
     return simulate(graph, big, program_none(graph, big))
 
 

@@ -67,6 +67,10 @@ class Hardware:
     def hbm_bytes(self) -> int:
         return self.tier(HBM).capacity_bytes
 
+    def with_hbm(self, nbytes: int) -> Hardware:
+        """This hardware with ``nbytes`` of HBM (``2**62``: unbounded, for no-offload references)."""
+        return replace(self, tiers=tuple(Tier(t.name, nbytes) if t.name == HBM else t for t in self.tiers))
+
     @property
     def remote_tiers(self) -> tuple[Tier, ...]:
         return tuple(t for t in self.tiers if t.name != HBM)

@@ -31,7 +31,7 @@ from planner.backends import BackendSpec, Progress, worker_graph
 from planner.errors import InputError
 from planner.executor import simulate
 from planner.graph import Graph
-from planner.hardware import HBM, Hardware, Tier
+from planner.hardware import HBM, Hardware
 from planner.placement import bytes_by_kind
 from planner.planners import REGISTRY
 from planner.report.compare import ERROR, VALID, available_planners, lower_bounds, metrics_row, run_planner
@@ -151,7 +151,7 @@ def sweep_planner_options(options: dict[str, dict] | None) -> dict[str, dict]:
 
 
 def with_hbm(hw: Hardware, nbytes: int) -> Hardware:
-    return replace(hw, tiers=tuple(Tier(t.name, nbytes) if t.name == HBM else t for t in hw.tiers))
+    return hw.with_hbm(nbytes)
 
 
 def with_bandwidth(hw: Hardware, links: Sequence[str], bandwidth_Bps: float) -> Hardware:

@@ -428,9 +428,10 @@ def starting_plans(run: Run, start: str = "auto") -> tuple[tuple[Plan, Timeline]
 
 
 # The search starts from another order's greedy plan when that order, run with unbounded HBM, is at least this
-# share faster than both the best starting plan and the best starting order run so. Measured: deepseek-v3-paper's
-# store-release order is 17.9% faster so than its auto order, and the search from it wins at 70-90%;
-# llama3-8b-no2-4layers' 12.4%, and 60 s from it did not beat the best start at any budget (5% tried both).
+# share faster than both the best starting plan and the best starting order run so. Measured with unbounded HBM:
+# deepseek-v3-paper's store-release order runs 17.9% faster than its auto order, and the search from it wins at
+# 70-90%; llama3-8b-no2-4layers' 12.4%, and 60 s from it did not beat the best start at any budget (a 5% threshold
+# tried both).
 ROOMIER_ORDER = 0.15
 
 
@@ -444,13 +445,13 @@ def _search_start(run: Run, best: tuple[Plan, Timeline], greedy_plans: list[tupl
     Why: the search moves ops within windows of the starting order, so it cannot leave an order's floor behind. On
     deepseek-v3-paper at 90% greedy does best in the micro-batch by micro-batch order (2335.4 ms), whose floor is
     2303.8 ms, where cpsat then ended; greedy's plan in the store-release order is slower (2375.0 ms), but that
-    order's floor is 1892.0 ms, and from it the search reached 1956.8 ms in 60 s (2 workers). ``best`` stays the
+    order's floor is 1892.2 ms, and from it the search reached 1956.8 ms in 60 s (2 workers). ``best`` stays the
     fallback: the search's result is returned only when faster.
     """
     if len(greedy_plans) < 2 or run.interrupted:
         return best
     g, hw = run.graph, run.hw
-    big = replace(hw, tiers=tuple(replace(t, capacity_bytes=2**62) if t.name == HBM else t for t in hw.tiers))
+    big = hw.with_hbm(2**62)
     if not _affordable(run, len(greedy_plans) * run.estimated_sim_s()):
         return best
     floors = [simulate(g, big, no_offload_program(g, big, ctx.order)).metrics.makespan_ns for ctx, _p in greedy_plans]
