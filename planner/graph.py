@@ -101,9 +101,10 @@ class Op:
         return (self.recompute is not False and bool(self.outputs) and not self.updates
                 and (bool(self.inputs) or self.recompute is True))
 
-    @property
+    @cached_property
     def reads(self) -> tuple[str, ...]:
-        """Tensors that must be resident on HBM while the op runs, besides its outputs."""
+        """Tensors that must be resident on HBM while the op runs, besides its outputs. Kept once made: every
+        planner and the executor ask per op, and ops read dozens of tensors (1.3M reads on a 38.8k-op graph)."""
         return tuple(dict.fromkeys(self.inputs + self.updates))
 
 
@@ -233,23 +234,33 @@ def _dependency_dag(ops: Sequence[Op], producer: dict[str, str]) -> nx.DiGraph:
 
     The given op order decides which readers of an updated tensor come before the update.
     """
-    dag = nx.DiGraph()
-    dag.add_nodes_from(op.name for op in ops)
-    last_writer: dict[str, str] = dict()
-    readers_since_write: dict[str, list[str]] = {}
+    # Edges listed first, duplicates dropped, then added at once: the 38.8k-op inference graph's ops read 1.3M
+    # tensors (KV-cache blocks) over 76k distinct edges, and an add_edge per read cost 2.7 s. Each node's
+    # successors keep the order of first listing, as with add_edge.
+    edges: list[tuple[str, str]] = []
+    add = edges.append
+    writer = dict(producer)  # the last op that wrote each tensor: its producer, then its updaters
+    # Readers are tracked only for tensors some op updates (a few thousand reads among 1.3M there).
+    updated = {t for op in ops for t in op.updates}
+    readers_since_write: dict[str, list[str]] = {t: [] for t in updated}
     for op in ops:
+        name = op.name
         for t in op.inputs + op.updates:
-            src = last_writer.get(t, producer.get(t))
-            if src is not None and src != op.name:
-                dag.add_edge(src, op.name)
+            src = writer.get(t)
+            if src is not None and src != name:
+                add((src, name))
         for t in op.updates:
-            for r in readers_since_write.get(t, []):
-                if r != op.name:
-                    dag.add_edge(r, op.name)
-            last_writer[t] = op.name
+            for r in readers_since_write[t]:
+                if r != name:
+                    add((r, name))
+            writer[t] = name
             readers_since_write[t] = []
         for t in op.inputs:
-            readers_since_write.setdefault(t, []).append(op.name)
+            if t in updated:
+                readers_since_write[t].append(name)
+    dag = nx.DiGraph()
+    dag.add_nodes_from(op.name for op in ops)
+    dag.add_edges_from(dict.fromkeys(edges))
     return dag
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Sequence
 
@@ -50,33 +51,41 @@ def memory_aware_order(graph: Graph) -> list[str]:
     index = graph.op_index
     indeg = {n: dag.in_degree(n) for n in dag.nodes}
     remaining = {t: len(u) for t, u in graph.users.items()}
-    ready = [index[n] for n, d in indeg.items() if d == 0]
-    heapq.heapify(ready)
+    ready = sorted(index[n] for n, d in indeg.items() if d == 0)
     order: list[str] = []
+    tensors = graph.tensors
+    # What each op creates, and what it would free (the transient tensors it is the last to read), kept up to date
+    # as ops run instead of summed for each of the window's ops at each step (1.2M sums on a 38.8k-op graph).
+    created = [sum(tensors[t].bytes for t in op.outputs) + op.workspace_bytes for op in graph.ops]
+    freed = [0] * len(graph.ops)
+    done = [False] * len(graph.ops)
+
+    def last_reader_frees(t: str) -> None:
+        if not tensors[t].persistent:
+            for u in graph.users[t]:
+                if not done[index[u]]:
+                    freed[index[u]] += tensors[t].bytes
+                    return
+
+    for t, r in remaining.items():
+        if r == 1:
+            last_reader_frees(t)
     while ready:
-        window = [heapq.heappop(ready) for _ in range(min(READY_WINDOW, len(ready)))]
-
-        def delta(i: int) -> tuple[int, int]:
-            op = graph.ops[i]
-            created = sum(graph.tensors[t].bytes for t in op.outputs) + op.workspace_bytes
-            freed = sum(
-                graph.tensors[t].bytes for t in op.reads
-                if remaining[t] == 1 and not graph.tensors[t].persistent
-            )
-            return (created - freed, i)
-
-        best = min(window, key=delta)
-        for i in window:
-            if i != best:
-                heapq.heappush(ready, i)
+        # The READY_WINDOW lowest-indexed ready ops, ``ready`` kept sorted (a heap popped and refilled 32 times a
+        # step cost more than the choice itself).
+        k = min(range(min(READY_WINDOW, len(ready))), key=lambda j: (created[ready[j]] - freed[ready[j]], ready[j]))
+        best = ready.pop(k)
         op = graph.ops[best]
         order.append(op.name)
+        done[best] = True
         for t in op.reads:
             remaining[t] -= 1
+            if remaining[t] == 1:
+                last_reader_frees(t)
         for succ in dag.successors(op.name):
             indeg[succ] -= 1
             if indeg[succ] == 0:
-                heapq.heappush(ready, index[succ])
+                bisect.insort(ready, index[succ])
     return order
 
 
@@ -181,27 +190,29 @@ def live_bytes(graph: Graph, order: Sequence[str], remote_resident: bool = True)
     starts on a remote tier, as the no-offload plan prefetches it first); transient tensors are freed after
     their last use, as the executor does.
     """
-    pos = {name: i for i, name in enumerate(order)}
+    ops = [graph.op(name) for name in order]
+    tensors = graph.tensors
     last: dict[str, int] = {}
-    for name in order:
-        op = graph.op(name)
-        for t in op.reads + op.outputs:
-            last[t] = max(last.get(t, -1), pos[name])
+    for i, op in enumerate(ops):  # in order, so the last assignment is the last use
+        for t in op.reads:
+            last[t] = i
+        for t in op.outputs:
+            last[t] = i
     cur = 0
-    for name, t in graph.tensors.items():
+    for name, t in tensors.items():
         if name not in graph.producer and (t.home == HBM or remote_resident) and (t.persistent or name in last):
             cur += t.bytes
-    frees_at: dict[int, int] = {}
+    frees_at = [0] * (len(ops) + 1)
     for name, i in last.items():
-        t = graph.tensors[name]
+        t = tensors[name]
         if not t.persistent:
-            frees_at[i] = frees_at.get(i, 0) + t.bytes
+            frees_at[i] += t.bytes
     out = []
-    for i, name in enumerate(order):
-        op = graph.op(name)
-        cur += sum(graph.tensors[t].bytes for t in op.outputs)
+    for i, op in enumerate(ops):
+        for t in op.outputs:
+            cur += tensors[t].bytes
         out.append(cur + op.workspace_bytes)
-        cur -= frees_at.get(i, 0)
+        cur -= frees_at[i]
     return out
 
 
