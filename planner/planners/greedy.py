@@ -47,7 +47,7 @@ from planner.placement import plan_placement
 from planner.plan import COMPUTE, Plan, PlanStatus, ProgramBuilder
 from planner.planned import Planned, place_statically
 from planner.planners.greedy_remat import chains_apply, plan_remat_chains
-from planner.planners.greedy_select import Answers, Context, Gap, select_gaps
+from planner.planners.greedy_select import Answers, Context, Gap, cover_all, select_gaps
 from planner.planners.none import plan_none
 from planner.planners.refine import place, resolve_copies
 from planner.timeline import Timeline
@@ -506,9 +506,8 @@ def build_plan(ctx: Context, settings: Settings, budget: int, name: str = "greed
         notes = resolve_copies(ctx, gaps)
         gaps = [g for g in gaps if g.selected]
         L = ctx.base.copy()
-        for g in gaps:
-            if g.hi > g.lo:
-                L[g.lo:g.hi] -= g.bytes
+        cover_all(L, np.array([g.lo for g in gaps], dtype=np.int64), np.array([g.hi for g in gaps], dtype=np.int64),
+                  np.array([g.bytes for g in gaps], dtype=np.int64))
         worst = int(L.argmax()) if len(L) else 0
         over = len(L) > 0 and L[worst] > budget
         place(ctx, gaps, L, budget, settings.prefetch_distance, settings.release_distance)
