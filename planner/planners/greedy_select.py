@@ -286,8 +286,9 @@ class Context:
                     out.append(Gap(t, b, uses[-1], n, mandatory=True))
                 elif uses[-1] <= n - 2:
                     out.append(Gap(t, b, uses[-1], n))
-        # Score and stall of every gap: ``transfer_cost`` and the gap's compute time, inline (a million gaps on the
-        # 38.8k-op inference graph, its KV-cache blocks' between the decode steps' reads).
+        # Score and stall of every gap: its Store (unless a valid home copy exists, ``has_home_copy`` with nothing
+        # wrapped yet) plus its fetch on the fastest tier, beyond its compute time. Inline, over a million gaps on
+        # the 38.8k-op inference graph (its KV-cache blocks' between the decode steps' reads).
         S = self.S.tolist()  # S[0] = 0: the end of "op -1"
         tiers = bool(self.tiers)
         home_hbm = {t: self.home_of(t) == HBM for t in g.tensors} if tiers else {}
@@ -447,13 +448,6 @@ class Context:
             return False
         ups = self.upd[gap.tensor]
         return not ups or ups[0] > gap.a
-
-    def transfer_cost(self, gap: Gap) -> int:
-        """Store (unless a valid home copy exists) plus fetch time of the gap on the fastest tier, in ns."""
-        if not self.tiers or gap.droppable or gap.recompute is not None:
-            return 0
-        store = 0 if (gap.pre_absent or self.has_home_copy(gap)) else self.store_ns(gap.bytes)
-        return store + (self.fetch_ns(gap.bytes) if self.fetches(gap) else 0)
 
 
 # Slots summed first when booking a transfer on the link calendar (then 4x more at a time).
@@ -663,7 +657,7 @@ def select_gaps(
         # Where a tensor starts is a budget decision (step 3), not one the distance rule makes for its own sake:
         # its first fetch has only the ops before the first use to hide behind.
         tab = ctx.table
-        ok = (~_selected(ctx) & (np.array(tab.stall) == 0) & (tab.u - tab.a >= max(2, select_distance)) & ~tab.wrap
+        ok = (~_selected(ctx) & (tab.stall_array == 0) & (tab.u - tab.a >= max(2, select_distance)) & ~tab.wrap
               & ~tab.redo & answers.offload)
         pool = sorted(np.flatnonzero(ok).tolist(), key=tab.rank.__getitem__)
         taken = 0
