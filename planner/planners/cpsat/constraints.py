@@ -472,7 +472,10 @@ def detach_times(m: Variables) -> None:
             else:
                 m.eq(X, last, [b.Not()])
             sl = p.slots[gap.slot]
-            S = m.store_start[gap.slot]
+            # The slot has model terms only when its Store or its tensor's tier is free in this frame; otherwise its
+            # Store starts where the incumbent's does (a window that frees a Detach alone, deepseek-v3-paper at 70%
+            # from the store-release order: KeyError before).
+            S = m.store_start.get(gap.slot, inc.store_start[gap.slot])
             # A free tensor that starts remote needs no Store of its first version: then X = the users' end.
             unless = []
             if gap.store_unless_placed:

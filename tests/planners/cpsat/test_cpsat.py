@@ -420,3 +420,28 @@ def test_the_search_keeps_the_best_start_when_the_other_order_lags_more_than_its
     best = (plans[0][1].plan, plans[0][1].timeline)
     run = Run.start(g, hw, 60)
     assert solve._search_start(run, best, plans) == best and run.record.search_start is None
+
+
+def test_a_window_with_free_detaches_and_fixed_stores_builds_and_keeps_a_feasible_hint():
+    # deepseek-v3-paper at 70% (workers 1, 60 s) built such a window and failed with a KeyError: the Detach of a
+    # gap read its slot's Store start, which has model terms only when the Store or the tensor's tier is free.
+    from dataclasses import replace
+
+    from planner.planners.cpsat.lns import incumbent_from_plan, next_window, window_frame
+
+    g = api.load_graph(GRAPHS / "llama3-8b-no2-4layers.json")
+    hw = api.hardware("ascend-910c", hbm=_budget(g, 0.6))
+    run = Run.start(g, hw, time_limit=30, workers=1)
+    base, base_tl = solve.starting_plan(run)
+    p, asg = solve.prepare(run, base, base_tl)
+    inc = incumbent_from_plan(p, plan_from_assignment(p, asg))
+    w = next_window(p, inc, 60, set())
+    frame = window_frame(p, inc, *w)
+    stored = {gp.index for gp in p.gaps if gp.slot is not None and gp.kind != "init"}
+    frame = replace(frame, free_store_tier=set(), free_store_start=set(), free_tier=set(),
+                    free_detach=frame.free_detach | stored)
+    assert frame.free_detach & stored  # the case: a free Detach whose slot has no model terms
+    m = Model(p, frame)
+    m.add_hints()
+    res = worker.solve(m.cp, {"num_workers": 1, "fix_variables_to_their_hinted_value": True}, 10)
+    assert res.status in ("OPTIMAL", "FEASIBLE")
