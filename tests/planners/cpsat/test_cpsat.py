@@ -243,15 +243,22 @@ def test_the_hint_is_complete_and_feasible_and_decodes_to_a_valid_plan():
     assert res.status in ("OPTIMAL", "FEASIBLE")
 
 
-def test_lns_window_hints_are_feasible():
-    from planner.planners.cpsat.lns import incumbent_from_plan, next_window, window_frame
+def _llama_incumbent():
+    """(problem, incumbent) of cpsat's starting plan on llama3-8b-no2-4layers at 60%, as its LNS starts."""
+    from planner.planners.cpsat.lns import incumbent_from_plan
 
     g = api.load_graph(GRAPHS / "llama3-8b-no2-4layers.json")
     hw = api.hardware("ascend-910c", hbm=_budget(g, 0.6))
     run = Run.start(g, hw, time_limit=30, workers=1)
     base, base_tl = solve.starting_plan(run)
     p, asg = solve.prepare(run, base, base_tl)
-    inc = incumbent_from_plan(p, plan_from_assignment(p, asg))
+    return p, incumbent_from_plan(p, plan_from_assignment(p, asg))
+
+
+def test_lns_window_hints_are_feasible():
+    from planner.planners.cpsat.lns import next_window, window_frame
+
+    p, inc = _llama_incumbent()
     assert check(p, inc.asg) == []
     tried: set = set()
     for _ in range(3):
@@ -427,14 +434,9 @@ def test_a_window_with_free_detaches_and_fixed_stores_builds_and_keeps_a_feasibl
     # gap read its slot's Store start, which has model terms only when the Store or the tensor's tier is free.
     from dataclasses import replace
 
-    from planner.planners.cpsat.lns import incumbent_from_plan, next_window, window_frame
+    from planner.planners.cpsat.lns import next_window, window_frame
 
-    g = api.load_graph(GRAPHS / "llama3-8b-no2-4layers.json")
-    hw = api.hardware("ascend-910c", hbm=_budget(g, 0.6))
-    run = Run.start(g, hw, time_limit=30, workers=1)
-    base, base_tl = solve.starting_plan(run)
-    p, asg = solve.prepare(run, base, base_tl)
-    inc = incumbent_from_plan(p, plan_from_assignment(p, asg))
+    p, inc = _llama_incumbent()
     w = next_window(p, inc, 60, set())
     frame = window_frame(p, inc, *w)
     stored = {gp.index for gp in p.gaps if gp.slot is not None and gp.kind != "init"}
