@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.cost import op_durations_ns
+from planner.cost import op_durations_ns, transfer_duration_ns
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
 from planner.orders import best_no_offload_order, live_bytes
@@ -258,6 +258,9 @@ def makespan_bounds(graph: Graph, hw: Hardware, recompute: bool = True) -> list[
     back = store_back_bound(graph, hw, anc, as_array, dur, earliest)
     if back is not None:
         out.append(back)
+    pipe = pipeline_bound(graph, hw)
+    if pipe is not None:
+        out.append(pipe)
     return out
 
 
@@ -363,6 +366,65 @@ def store_back_bound(graph: Graph, hw: Hardware, anc, as_array, dur, earliest: d
     return Bound("makespan_ns", best, f"tensors pinned to {where} are stored back there after their last update, "
                                       "on its store link, no earlier than that update's ancestors' compute and the "
                                       "fetches it and they need")
+
+
+def pipeline_bound(graph: Graph, hw: Hardware) -> Bound | None:
+    """Tensors pinned to a remote tier and read are fetched before their first use; those updated in place that
+    outlive the step are stored back after their last update (planner/placement.py). Group them by tier and by
+    last update (each tensor that is only read is a group of its own): a group's update starts once each of its
+    tensors has been fetched, and its Stores start after the update ends.
+
+    Take the order in which the groups' fetches complete. When group J's last fetch completes, the tier's fetch link
+    has carried a fetch of every tensor of J and of the groups before it; every Store of J and of the groups after
+    it is still to come, and none starts before that time plus the shortest update among them. So the makespan is
+    at least the largest, over J, of (fetch work up to J) + (shortest update) + (store work from J on): the
+    makespan of that order in a two-machine flow shop. Johnson's rule gives the least over every order. A link's
+    work is the duration of its transfers over its channels. (Optimizer states fetched, updated and stored back
+    over one link pair: the fetch link carries them all, and the largest group's Stores still follow.)
+    """
+    durations = op_durations_ns(graph, hw)
+    last_update: dict[str, str] = {}
+    for op in graph.ops:
+        for t in op.updates:
+            last_update[t] = op.name
+    # (tier) -> group key -> [fetch work, store work, update ns]
+    groups: dict[str, dict[object, list[float]]] = {}
+    for name, t in graph.tensors.items():
+        if name in graph.producer or not t.pinned or t.home == HBM or not graph.users[name]:
+            continue
+        fetch, store = hw.fetch_link(t.home), hw.store_link(t.home)
+        upd = last_update.get(name)
+        key = upd if upd is not None else ("read", name)
+        work = groups.setdefault(t.home, {}).setdefault(key, [0.0, 0.0, float(durations[upd]) if upd else 0.0])
+        work[0] += transfer_duration_ns(t.bytes, fetch) / fetch.channels
+        if upd is not None and t.persistent:
+            work[1] += transfer_duration_ns(t.bytes, store) / store.channels
+    best, where = 0.0, None
+    for tier, jobs in groups.items():
+        stored = [lag for _a, b, lag in jobs.values() if b > 0]
+        if not stored:
+            continue
+        value = johnson_makespan([(a, b) for a, b, _lag in jobs.values()]) + min(stored)
+        if value > best:
+            best, where = value, tier
+    if where is None:
+        return None
+    return Bound("makespan_ns", best, f"fetch, update and store-back of the tensors pinned to {where}: its fetch "
+                                      "link carries every fetch, and the Stores of the last groups fetched still "
+                                      "follow (a two-machine flow shop, Johnson's rule)")
+
+
+def johnson_makespan(jobs: list[tuple[float, float]]) -> float:
+    """The least makespan of two-machine flow-shop jobs ``(first, second)`` over every order (Johnson's rule:
+    the jobs whose first part is the shorter first, by it; then the others by their second part, longest
+    first)."""
+    head = sorted((j for j in jobs if j[0] <= j[1]), key=lambda j: j[0])
+    tail = sorted((j for j in jobs if j[0] > j[1]), key=lambda j: -j[1])
+    first = second = 0.0
+    for a, b in head + tail:
+        first += a
+        second = max(second, first) + b
+    return second
 
 
 def makespan_bound(graph: Graph, hw: Hardware, recompute: bool = True) -> Bound:

@@ -124,3 +124,29 @@ def test_the_store_back_waits_for_the_fetches_its_update_needs():
     optimum = plan_exact(g, hw)
     tl = simulate(g, hw, optimum)
     assert tl.valid and optimum.stats["exact"]["proven"] and tl.metrics.makespan_ns == 201
+
+
+def test_the_pipeline_bound_orders_fetch_update_store_groups_by_johnsons_rule():
+    # Two optimizer states on the host, 200 B and 10 B, each updated by its own 1 ns op: fetched (1 B/ns), updated,
+    # stored back. Small first: the big state arrives at 210 ns, its Store ends at 411. Big first: its Store runs
+    # 201-401, and the small one's, released at 211, can only follow: 411. The exact search proves 411; the
+    # store-back bound, which does not see that the big fetch delays the other, says 401.
+    from planner.planners.exact import plan_exact
+
+    tensors = [Tensor("big", 200, TensorKind.OPTIMIZER_STATE, home="host"),
+               Tensor("small", 10, TensorKind.OPTIMIZER_STATE, home="host"),
+               Tensor("g_big", 1, TensorKind.INPUT), Tensor("g_small", 1, TensorKind.INPUT)]
+    ops = [Op("step_big", "AdamW", ("g_big",), (), ("big",), duration_s=NS),
+           Op("step_small", "AdamW", ("g_small",), (), ("small",), duration_s=NS)]
+    g = Graph.build("two_states", tensors, ops)
+    hw = simple_hardware(hbm=1000)
+    values = {b.reason.split(" ")[0]: b.value for b in bounds.makespan_bounds(g, hw)}
+    assert values["fetch,"] == 411
+    assert values["tensors"] == 401
+    optimum = plan_exact(g, hw)
+    tl = simulate(g, hw, optimum)
+    assert tl.valid and optimum.stats["exact"]["proven"] and tl.metrics.makespan_ns == 411
+    assert bounds.johnson_makespan([(200, 200), (10, 10)]) == 410
+    # Johnson's order puts the jobs whose second part is longer first: (1, 5) then (4, 2), the second machine ending
+    # them at 6 and 8.
+    assert bounds.johnson_makespan([(4, 2), (1, 5)]) == 8
