@@ -285,20 +285,21 @@ def check_offsets(
     allocation that overlaps one already live). Allocations of zero duration are not checked.
     """
     violations: list[Violation] = []
-    items: list[Residency] = []
+    names, sizes, r_starts, r_ends, held = tier_columns(residencies, tier)
+    rows: list[int] = []
     offs: list[int] = []
     starts: list[int] = []
     ends: list[int] = []
     get = offsets.get
     # residency_instances and offset_of, inline: this loop runs once per HBM allocation (100k+ on large plans).
     count: dict[str, int] = {}
-    for r in sorted([r for r in residencies if r.tier == tier], key=attrgetter("start_ns", "end_ns", "name")):
-        name = r.name
+    for j in sorted(range(len(names)), key=lambda j: (r_starts[j], r_ends[j], names[j])):
+        name = names[j]
         k = count.get(name, 0)
         count[name] = k + 1
-        start, end = r.start_ns, r.end_ns
+        start, end = r_starts[j], r_ends[j]
         if end <= start:
-            if not r.until_end:  # zero duration: not checked
+            if not held[j]:  # zero duration: not checked
                 continue
             end = start + 1  # live_end(r)
         v = get(name)
@@ -308,22 +309,22 @@ def check_offsets(
             violations.append(Violation("offset_missing", start, f"no HBM offset for allocation #{k} of "
                                         f"{name!r}", tensor=tensor, op=op))
             continue
-        if off + r.bytes > capacity:
+        if off + sizes[j] > capacity:
             tensor, op = _tensor_or_op(name)
             violations.append(Violation(
                 "capacity", start,
-                f"offset {off} + {r.bytes} B ends at {off + r.bytes} B, above the {tier} capacity of {capacity} B",
+                f"offset {off} + {sizes[j]} B ends at {off + sizes[j]} B, above the {tier} capacity of {capacity} B",
                 tensor=tensor, op=op,
             ))
-        items.append(r)
+        rows.append(j)
         offs.append(off)
         starts.append(start)
         ends.append(end)
-    tops = [off + r.bytes for r, off in zip(items, offs)]
+    tops = [off + sizes[j] for j, off in zip(rows, offs)]
     height = max(tops, default=0)
     # Sweep in time; frees before allocations at equal times. An event is its item's index (an allocation) or its
     # complement (a free).
-    n = len(items)
+    n = len(rows)
     idx = np.arange(n, dtype=np.int64)
     order = np.lexsort((
         np.concatenate((idx, idx)), np.concatenate((np.ones(n, dtype=np.int8), np.zeros(n, dtype=np.int8))),
@@ -331,8 +332,22 @@ def check_offsets(
     ))
     events = np.where(order < n, order, ~(order - n)).tolist()
     if not _disjoint(events, offs, tops):
-        violations += _overlaps(events, list(zip(items, offs)))
+        items = [(Residency(tier, names[j], "", sizes[j], r_starts[j], r_ends[j], held[j]), off)
+                 for j, off in zip(rows, offs)]
+        violations += _overlaps(events, items)
     return violations, height
+
+
+def tier_columns(residencies: Iterable[Residency], tier: str) -> tuple[list[str], list[int], list[int], list[int],
+                                                                        list[bool]]:
+    """The ``tier`` residencies as lists: (names, bytes, starts, ends, held until the end). From the executor's
+    ``Residencies`` without making an object per allocation."""
+    columns = getattr(residencies, "columns", None)
+    if columns is not None:
+        return columns(tier)
+    rs = [r for r in residencies if r.tier == tier]
+    return ([r.name for r in rs], [r.bytes for r in rs], [r.start_ns for r in rs], [r.end_ns for r in rs],
+            [r.until_end for r in rs])
 
 
 def _tensor_or_op(name: str) -> tuple[str | None, str | None]:
@@ -449,5 +464,5 @@ def _overlaps(events: list[int], items: list[tuple[Residency, int]]) -> list[Vio
 
 __all__ = [
     "ALLOC", "FREE", "AllocRecord", "AllocatorReport", "CachingAllocator", "DefragEvent", "check_offsets",
-    "live_end", "offset_of", "replay_caching", "residency_instances",
+    "live_end", "offset_of", "replay_caching", "residency_instances", "tier_columns",
 ]

@@ -35,7 +35,7 @@ from planner.graph import Graph
 from planner.hardware import HBM, Hardware
 from planner.placement import check_placement, start_tiers
 from planner.plan import COMPUTE, Plan, Step, StepKind
-from planner.timeline import Metrics, Residency, StepTiming, Timeline, Violation
+from planner.timeline import Metrics, Residencies, Residency, StepTimes, Timeline, Violation
 
 # Event priorities at equal times.
 _OP_END, _STORE_END, _PREFETCH_END, _FREE, _START = 0, 1, 2, 3, 4
@@ -96,8 +96,7 @@ def _simulate(graph: Graph, hw: Hardware, plan: Plan, durations_ns: dict[str, in
     violations += _capacity_violations(hw, prog, sweeps)
     metrics = replace(_metrics(hw, prog, times, sweeps), **extra)
     violations.sort(key=_violation_order)
-    timings = tuple(map(StepTiming, times.starts, times.ends, times.channels))
-    return Timeline(timings, tuple(residencies), metrics, tuple(violations))
+    return Timeline(StepTimes(times.starts, times.ends, times.channels), residencies, metrics, tuple(violations))
 
 
 def with_static_offsets(graph: Graph, hw: Hardware, plan: Plan, timed: Timeline) -> Timeline:
@@ -383,12 +382,10 @@ class _Replayed:
     violations: list[Violation]
     hbm_log: list[AllocRecord]
 
-    def residencies(self) -> list[Residency]:
-        tiers, prog = self.prog.tiers, self.prog
-        names, kinds, nbytes = prog.alloc_names, prog.alloc_kinds, prog.alloc_bytes
-        return [Residency(tiers[k], names[a], kinds[a], nbytes[a], st, en, until, seq)
-                for k, a, st, en, until, seq in zip(self.tier.tolist(), self.aid.tolist(), self.start.tolist(),
-                                                    self.end.tolist(), self.until_end.tolist(), self.seq.tolist())]
+    def residencies(self) -> Residencies:
+        prog = self.prog
+        return Residencies(prog.tiers, prog.alloc_names, prog.alloc_kinds, prog.alloc_bytes, self.tier, self.aid,
+                           self.start, self.end, self.until_end, self.seq)
 
 
 def _events(prog: _Program, arrays: tuple[np.ndarray, np.ndarray]) -> tuple[list[int], list[int], list[int]]:
