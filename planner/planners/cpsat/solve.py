@@ -280,7 +280,7 @@ def _prove_small(run: Run, plan: Plan, tl: Timeline) -> tuple[Plan, Timeline]:
         run.clock_cut("the exact search over every order did not run: no time was left")
         return plan, tl
     try:
-        found = exact.plan_exact(run.graph, run.hw, time_limit=max(0.5, 0.8 * run.left()))
+        found = exact.search_exact(run.graph, run.hw, time_limit=max(0.5, 0.8 * run.left()), start=plan)
     except Exception as exc:  # noqa: BLE001 - too many orders, or a failure: cpsat's plan stands
         run.notes.append(f"the exact search did not run ({exc})")
         return plan, tl
