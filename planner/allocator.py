@@ -235,9 +235,11 @@ class CachingAllocator:
 
 
 def replay_caching(
-    log: Iterable[AllocRecord], capacity: int, hbm_bandwidth_Bps: float, alignment: int = 1
+    log: Iterable[AllocRecord | tuple[int, int, str, int, int | None]], capacity: int, hbm_bandwidth_Bps: float,
+    alignment: int = 1,
 ) -> AllocatorReport:
-    """Replay an allocation log through a ``CachingAllocator`` and return what it counted."""
+    """Replay an allocation log (``AllocRecord``s, or tuples of its fields) through a ``CachingAllocator`` and
+    return what it counted."""
     a = CachingAllocator(capacity, hbm_bandwidth_Bps, alignment)
     alloc, free, live, overflow = a.alloc, a.free, a._slot, a.overflow
     for time_ns, op, name, nbytes, step in log:
