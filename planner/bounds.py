@@ -374,20 +374,25 @@ def pipeline_bound(graph: Graph, hw: Hardware) -> Bound | None:
     last update (each tensor that is only read is a group of its own): a group's update starts once each of its
     tensors has been fetched, and its Stores start after the update ends.
 
-    Take the order in which the groups' fetches complete. When group J's last fetch completes, the tier's fetch link
-    has carried a fetch of every tensor of J and of the groups before it; every Store of J and of the groups after
-    it is still to come, and none starts before that time plus the shortest update among them. So the makespan is
-    at least the largest, over J, of (fetch work up to J) + (shortest update) + (store work from J on): the
-    makespan of that order in a two-machine flow shop. Johnson's rule gives the least over every order. A link's
-    work is the duration of its transfers over its channels. (Optimizer states fetched, updated and stored back
-    over one link pair: the fetch link carries them all, and the largest group's Stores still follow.)
+    Take the order in which the groups' fetches complete. When group K's last fetch completes, at F, the tier's
+    fetch link has carried a fetch of every tensor of K and of the groups before it; every Store of K and of the
+    groups after it is still to come. None starts before F plus the shortest update among them; and the store link
+    works from F + (K's update) on at least K's Stores and those of the later groups that cannot be released
+    before then (a group J is released at its last fetch's end plus its update, so before F + K's update only if
+    its update plus its shortest fetch, on a one-channel link, is shorter than K's update). So the makespan is at
+    least the largest, over K, of (fetch work up to K) + e_K + (store work from K on), with e_K the larger of the
+    shortest update and K's update less the Stores of the groups that may be released before: the makespan of that
+    order in a two-machine flow shop with time lags e_K, whose least over every order Mitten's rule gives (Johnson's
+    rule on the parts lengthened by the lag). A link's work is the duration of its transfers over its channels.
+    (Optimizer states fetched, updated and stored back over one link pair: the fetch link carries them all, and
+    the largest group's Stores still follow its update.)
     """
     durations = op_durations_ns(graph, hw)
     last_update: dict[str, str] = {}
     for op in graph.ops:
         for t in op.updates:
             last_update[t] = op.name
-    # (tier) -> group key -> [fetch work, store work, update ns]
+    # (tier) -> group key -> [fetch work, store work, update ns, shortest fetch of a tensor on a one-channel link]
     groups: dict[str, dict[object, list[float]]] = {}
     for name, t in graph.tensors.items():
         if name in graph.producer or not t.pinned or t.home == HBM or not graph.users[name]:
@@ -395,35 +400,47 @@ def pipeline_bound(graph: Graph, hw: Hardware) -> Bound | None:
         fetch, store = hw.fetch_link(t.home), hw.store_link(t.home)
         upd = last_update.get(name)
         key = upd if upd is not None else ("read", name)
-        work = groups.setdefault(t.home, {}).setdefault(key, [0.0, 0.0, float(durations[upd]) if upd else 0.0])
-        work[0] += transfer_duration_ns(t.bytes, fetch) / fetch.channels
+        one = transfer_duration_ns(t.bytes, fetch)
+        work = groups.setdefault(t.home, {}).setdefault(
+            key, [0.0, 0.0, float(durations[upd]) if upd else 0.0, float("inf")])
+        work[0] += one / fetch.channels
+        # With several channels a fetch may run beside the one that ends at F and end just after it.
+        work[3] = min(work[3], one if fetch.channels == 1 else 0.0)
         if upd is not None and t.persistent:
             work[1] += transfer_duration_ns(t.bytes, store) / store.channels
     best, where = 0.0, None
-    for tier, jobs in groups.items():
-        stored = [lag for _a, b, lag in jobs.values() if b > 0]
+    for tier, by_key in groups.items():
+        jobs = list(by_key.values())
+        stored = [lag for _a, b, lag, _f in jobs if b > 0]
         if not stored:
             continue
-        value = johnson_makespan([(a, b) for a, b, _lag in jobs.values()]) + min(stored)
+        shortest = min(stored)
+        lagged = []
+        for a, b, lag, _f in jobs:
+            # The Stores that may be released before this group's (never its own: f + lag < lag is false).
+            early = sum(b2 for _a2, b2, lag2, f2 in jobs if f2 + lag2 < lag)
+            lagged.append((a, b, max(shortest, lag - early) if b > 0 else shortest))
+        value = mitten_makespan(lagged)
         if value > best:
             best, where = value, tier
     if where is None:
         return None
     return Bound("makespan_ns", best, f"fetch, update and store-back of the tensors pinned to {where}: its fetch "
                                       "link carries every fetch, and the Stores of the last groups fetched still "
-                                      "follow (a two-machine flow shop, Johnson's rule)")
+                                      "follow their updates (a two-machine flow shop with time lags, Mitten's rule)")
 
 
-def johnson_makespan(jobs: list[tuple[float, float]]) -> float:
-    """The least makespan of two-machine flow-shop jobs ``(first, second)`` over every order (Johnson's rule:
-    the jobs whose first part is the shorter first, by it; then the others by their second part, longest
-    first)."""
-    head = sorted((j for j in jobs if j[0] <= j[1]), key=lambda j: j[0])
-    tail = sorted((j for j in jobs if j[0] > j[1]), key=lambda j: -j[1])
+def mitten_makespan(jobs: list[tuple[float, float, float]]) -> float:
+    """The least makespan over every order of two-machine flow-shop jobs ``(first, second, lag)``, each job's second
+    part starting at least ``lag`` after its first ends and the machines keeping one order (Mitten's rule: Johnson's
+    rule on the parts lengthened by the lag; the jobs whose first part is the shorter first, by it, then the others
+    by their second part, longest first)."""
+    head = sorted((j for j in jobs if j[0] <= j[1]), key=lambda j: j[0] + j[2])
+    tail = sorted((j for j in jobs if j[0] > j[1]), key=lambda j: -(j[1] + j[2]))
     first = second = 0.0
-    for a, b in head + tail:
+    for a, b, lag in head + tail:
         first += a
-        second = max(second, first) + b
+        second = max(second, first + lag) + b
     return second
 
 

@@ -146,7 +146,30 @@ def test_the_pipeline_bound_orders_fetch_update_store_groups_by_johnsons_rule():
     optimum = plan_exact(g, hw)
     tl = simulate(g, hw, optimum)
     assert tl.valid and optimum.stats["exact"]["proven"] and tl.metrics.makespan_ns == 411
-    assert bounds.johnson_makespan([(200, 200), (10, 10)]) == 410
+    assert bounds.mitten_makespan([(200, 200, 0), (10, 10, 0)]) == 410
     # Johnson's order puts the jobs whose second part is longer first: (1, 5) then (4, 2), the second machine ending
-    # them at 6 and 8.
-    assert bounds.johnson_makespan([(4, 2), (1, 5)]) == 8
+    # them at 6 and 8; a lag of 3 on the first delays its second part to 4-9, the other's to 9-11.
+    assert bounds.mitten_makespan([(4, 2, 0), (1, 5, 0)]) == 8
+    assert bounds.mitten_makespan([(4, 2, 0), (1, 5, 3)]) == 11
+
+
+def test_the_pipeline_bound_waits_for_the_last_groups_update_before_its_stores():
+    # A 200 B state updated by a 50 ns op and two 100 B states by 1 ns ops, all on the host (1 B/ns). Whichever is
+    # fetched last, its Stores follow its update: the big one last gives 400 + 50 + 200 = 650 ns; a small one last
+    # leaves the big one's 200 ns of Stores and the other small one's between 250 and the end: 650 too (the exact
+    # search proves it). With only the shortest update as the lag the flow shop says 601 ns, the store-back 501.
+    from planner.planners.exact import plan_exact
+
+    tensors = [Tensor("big", 200, TensorKind.OPTIMIZER_STATE, home="host")]
+    tensors += [Tensor(f"small{i}", 100, TensorKind.OPTIMIZER_STATE, home="host") for i in (1, 2)]
+    tensors += [Tensor(f"g_{n}", 1, TensorKind.INPUT) for n in ("big", "small1", "small2")]
+    ops = [Op("step_big", "AdamW", ("g_big",), (), ("big",), duration_s=50 * NS)]
+    ops += [Op(f"step_small{i}", "AdamW", (f"g_small{i}",), (), (f"small{i}",), duration_s=NS) for i in (1, 2)]
+    g = Graph.build("three_states", tensors, ops)
+    hw = simple_hardware(hbm=1000)
+    values = {b.reason.split(" ")[0]: b.value for b in bounds.makespan_bounds(g, hw)}
+    assert values["fetch,"] == 650 and values["tensors"] == 501
+    assert bounds.mitten_makespan([(100, 100, 1), (100, 100, 1), (200, 200, 1)]) == 601
+    optimum = plan_exact(g, hw)
+    tl = simulate(g, hw, optimum)
+    assert tl.valid and optimum.status == "optimal" and tl.metrics.makespan_ns == 650
