@@ -154,12 +154,13 @@ def solver_outcome(plan: Plan) -> SolverOutcome | None:
 
 
 def _proven_every_plan(st: dict) -> bool:
-    """The plan is optimal over every plan: at the exact search's proven optimum, or at the compute bound."""
+    """The plan is optimal over every plan: at the exact search's proven optimum, at the compute bound, or at the
+    lower bound (planner/bounds.py), which every plan meets."""
     ms = st.get("makespan_us")
     if ms is None:
         return False
-    exact, compute = st.get("exact_optimum_us"), st.get("compute_us")
-    return (exact is not None and ms <= exact) or (compute is not None and ms <= compute)
+    floors = (st.get("exact_optimum_us"), st.get("compute_us"), st.get("bound_us"))
+    return any(v is not None and ms <= v for v in floors)
 
 
 def _proven_in_model(st: dict) -> bool:

@@ -42,9 +42,10 @@ def test_the_proof_says_what_each_planner_proved():
     assert st["exact_optimum_us"] == exact.plan.stats["exact"]["optimum_ns"] / 1000
     assert cp.timeline.metrics.makespan_ns / 1000 == st["exact_optimum_us"] and proof(cp.plan) == "optimal"
     # Without the exact optimum and the compute bound (a plan at it is optimal over every plan), CP-SAT's proof is
-    # for its model only.
-    assert proof(replace(cp.plan, stats={"cpsat": dict(st, exact_optimum_us=None, compute_us=None,
-                                                        optimal=True)})) == "model-optimal"
+    # for its model only; a plan at the lower bound, which every plan meets, is optimal over every plan.
+    unproven = dict(st, exact_optimum_us=None, compute_us=None, optimal=True, bound_us=st["makespan_us"] * 0.9)
+    assert proof(replace(cp.plan, stats={"cpsat": unproven})) == "model-optimal"
+    assert proof(replace(cp.plan, stats={"cpsat": dict(unproven, bound_us=st["makespan_us"])})) == "optimal"
     # cpsat's own bound is reused, not computed again.
     assert plan_quality(g, hw, cp.plan, cp.timeline).bound_ns == cp.plan.stats["cpsat"]["bound_us"] * 1000
     assert proof(replace(cp.plan, stats={"cpsat": {"optimal": False}})) == "feasible"

@@ -31,6 +31,7 @@ from dataclasses import replace
 
 import networkx as nx
 
+from planner.bounds import makespan_bound
 from planner.cost import op_durations_ns, transfer_duration_ns
 from planner.errors import InputError
 from planner.executor import simulate
@@ -73,6 +74,7 @@ def search_exact(graph: Graph, hw: Hardware, time_limit: float = 60.0, max_order
     # An incumbent from the quick planners (without re-runs, which the model has not): every order is then asked
     # only for a plan that beats it, and its program hints the order it runs in.
     best: tuple[int, Plan] | None = incumbent(graph, hw, start)  # (executed makespan, plan)
+    floor = makespan_bound(graph, hw, recompute=False).value  # no plan of the model's space runs faster
     optimum: int | None = None  # the lowest model optimum over the orders
     proven = True
     solved = pruned = 0
@@ -88,7 +90,7 @@ def search_exact(graph: Graph, hw: Hardware, time_limit: float = 60.0, max_order
         exact_hit = best is not None and optimum is not None and best[0] <= optimum
         cuts = [] if optimum is None else [optimum if exact_hit else optimum + 1]
         cut = min(cuts + ([best[0]] if best is not None else []), default=None)
-        result = _solve_order(graph, hw, order, left, below=cut, hint=None if best is None else best[1])
+        result = _solve_order(graph, hw, order, left, below=cut, hint=None if best is None else best[1], floor=floor)
         if result is NO_BETTER:
             solved += 1
             pruned += 1
@@ -132,11 +134,11 @@ NO_BETTER = "no better"  # _solve_order: CP-SAT proved the order has no plan bel
 
 
 def _solve_order(graph: Graph, hw: Hardware, order: list[str], wall_s: float, below: int | None = None,
-                 hint: Plan | None = None) -> tuple[bool, int, Plan | None, int] | str | None:
+                 hint: Plan | None = None, floor: float = 0.0) -> tuple[bool, int, Plan | None, int] | str | None:
     """(proven optimal, model makespan in ns, decoded plan or None when invalid, its executed makespan) for one
     order; ``NO_BETTER`` when ``below`` (ns) is given and the order's model has no makespan under it; None if no
     solution was found in time. ``hint``: a plan whose values hint the model when they are feasible in it (else
-    the no-offload program in ``order``, which may not fit the budget)."""
+    the no-offload program in ``order``, which may not fit the budget). ``floor``: a makespan (ns) no plan beats."""
     base = no_offload_program(graph, hw, order, planner="exact")
     scale = exact_scale(graph, hw)
     every_gap = {(name, nb) for name in graph.tensors for nb in range(len(graph.users[name]) + 1)}
@@ -153,7 +155,7 @@ def _solve_order(graph: Graph, hw: Hardware, order: list[str], wall_s: float, be
         canonical(p, hinted)
         if not notes and not check(p, hinted):
             asg = hinted
-    model = Model(p, whole_frame(p, asg))
+    model = Model(p, whole_frame(p, asg, makespan_floor=-(-int(floor) // p.scale.tick_ns)))
     model.add_hints()
     if below is not None:
         model.cp.add(model.makespan * p.scale.tick_ns < below)

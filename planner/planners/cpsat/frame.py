@@ -29,14 +29,17 @@ class Frame:
     whole: bool = False
     final: bool = True  # no fixed op after the free ones: the objective is the true makespan
     ops_hi: int | None = None  # free ops end by then (default hi); transfers and memory are modelled to hi
+    # A lower bound on the makespan (ticks) that every plan meets (planner/bounds.py): a redundant constraint that
+    # lets CP-SAT prove optimality where its own bound stays far below.
+    makespan_floor: int = 0
 
     @property
     def ops_end(self) -> int:
         return self.hi if self.ops_hi is None else self.ops_hi
 
 
-def whole_frame(p: Problem, inc: Assignment, op_lo=None, op_hi=None) -> Frame:
-    """Everything free on [0, horizon]."""
+def whole_frame(p: Problem, inc: Assignment, op_lo=None, op_hi=None, makespan_floor: int = 0) -> Frame:
+    """Everything free on [0, horizon]; ``makespan_floor``: a makespan (ticks) no plan beats."""
     return Frame(
         lo=0, hi=p.horizon, inc=inc, ops=set(range(len(p.ops))),
         free_offload={g.index for g in p.gaps if not g.mandatory}, free_detach={g.index for g in p.gaps},
@@ -44,7 +47,7 @@ def whole_frame(p: Problem, inc: Assignment, op_lo=None, op_hi=None) -> Frame:
         free_store_start={s.index for s in p.slots},
         free_end={t.index for t in p.tensors if t.modelled and not t.until_end},
         free_tier={t.index for t in p.tensors if len(t.tiers) > 1},
-        op_lo=op_lo or {}, op_hi=op_hi or {}, whole=True, final=True,
+        op_lo=op_lo or {}, op_hi=op_hi or {}, whole=True, final=True, makespan_floor=makespan_floor,
     )
 
 

@@ -15,7 +15,7 @@ def objective(m: Variables) -> None:
     hint_m = max([op_end(p, inc, o) for o in m.start] + [f.lo])
     floor = f.lo
     if f.final:
-        floor = max(floor, m.fixed_transfer_end)
+        floor = max(floor, m.fixed_transfer_end, f.makespan_floor)
         for o in range(len(p.ops)):
             if o not in m.start:
                 floor = max(floor, op_end(p, inc, o))

@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
+from planner import bounds
+from planner.bounds import Bound
 from planner.executor import simulate
 from planner.graph import Graph
 from planner.hardware import Hardware
@@ -127,12 +129,19 @@ class Run:
     interrupted: bool = False  # Ctrl-C stopped the search: finish with the best plan so far, search no more
     recompute: bool = True  # recompute gaps in the model, and in the starting plans
     offload: bool = True  # offloading by choice (False: remat only, the Checkmate problem)
+    _bound: Bound | None = None  # makespan_bound's, once computed
 
     @classmethod
     def start(cls, graph: Graph, hw: Hardware, time_limit: float, seed: int = 0, workers: int = 1,
               progress: Progress | None = None) -> Run:
         """A run starting now; one worker makes it deterministic (CP-SAT's deterministic time limit)."""
         return cls(graph, hw, time_limit, int(seed), max(1, int(workers)), int(workers) <= 1, progress)
+
+    def makespan_bound(self) -> Bound:
+        """The largest makespan bound that holds for every plan of this run (planner/bounds.py), computed once."""
+        if self._bound is None:
+            self._bound = bounds.makespan_bound(self.graph, self.hw, recompute=self.recompute)
+        return self._bound
 
     def interrupt(self) -> None:
         """Record that Ctrl-C stopped the search (the caller then returns its best valid plan so far)."""
