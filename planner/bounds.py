@@ -247,7 +247,18 @@ def makespan_bounds(graph: Graph, hw: Hardware, recompute: bool = True) -> list[
             if droppable.any():
                 start, redo_ns = _cheapest_split(excess_store, store_rate, max(anc_ns, fetch_ns), remade_by[droppable],
                                                  size[droppable], dur)
-        value = start + redo_ns + float(dur[o]) + float(dur[d].sum())
+        tail_ns = float(dur[o]) + float(dur[d].sum())
+        if excess > 0 and fetch_rate > 0 and d.any() and len(user_t):
+            # What is off HBM when o starts and read by a descendant comes back after o starts (a fetch in flight
+            # holds its HBM already), over the fetch links, before that descendant runs. The tensors o works on
+            # are on HBM; the off bytes not read later, and those a re-run may make again, need no fetch.
+            read_later = np.zeros(len(names), dtype=bool)
+            read_later[user_t[d[user_o]]] = True
+            no_fetch = alive & ~ws & ~(read_later & (remade_by < 0))
+            back = excess - float(size[no_fetch].sum())
+            if back > 0:
+                tail_ns = max(tail_ns, back / fetch_rate * 1e9 + float(dur[d].min()))
+        value = start + redo_ns + tail_ns
         if value > best:
             best, best_op = value, op.name
     if best_op is not None:

@@ -173,3 +173,26 @@ def test_the_pipeline_bound_waits_for_the_last_groups_update_before_its_stores()
     optimum = plan_exact(g, hw)
     tl = simulate(g, hw, optimum)
     assert tl.valid and optimum.status == "optimal" and tl.metrics.makespan_ns == 650
+
+
+def test_the_per_op_bound_fetches_back_after_the_op_what_its_descendants_read():
+    # At m, a (200 B, read by f) and c (300 B) and m's 150 B workspace exceed the 510 B budget by 141 B: a is off
+    # HBM while m starts, stored before (>= 141 ns at 1 B/ns) and fetched back after m starts, before f reads it
+    # (>= 141 ns), then f runs: 141 + 141 + 1 = 283 ns, where counting only m's and f's compute after the stores
+    # said 143. p may not be re-run, so a cannot be dropped and made again; the proven optimum is 403 ns.
+    from planner.planners.exact import plan_exact
+
+    tensors = [Tensor("x", 1, TensorKind.INPUT), Tensor("a", 200), Tensor("s", 1), Tensor("c", 300),
+               Tensor("y", 1, TensorKind.OUTPUT)]
+    ops = [Op("p", "F", ("x",), ("a", "s"), duration_s=NS, recompute=False),
+           Op("m", "F", ("s",), ("c",), duration_s=NS, workspace_bytes=150),
+           Op("f", "F", ("a", "c"), ("y",), duration_s=NS)]
+    g, hw = Graph.build("fetch_after", tensors, ops), simple_hardware(hbm=510)
+    per_op = [b.value for b in bounds.makespan_bounds(g, hw) if b.reason.startswith("op 'm'")]
+    assert per_op == [283]
+    optimum = plan_exact(g, hw)
+    tl = simulate(g, hw, optimum)
+    assert tl.valid and optimum.stats["exact"]["proven"] and tl.metrics.makespan_ns == 403
+    # With p free to re-run, a may be dropped and made again after m instead: the fetch no longer counts.
+    free = Graph.build("fetch_after_remat", tensors, [Op("p", "F", ("x",), ("a", "s"), duration_s=NS), *ops[1:]])
+    assert bounds.makespan_bound(free, hw).value < 10
