@@ -19,7 +19,6 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections.abc import Iterable
-from itertools import chain
 
 import numpy as np
 
@@ -128,10 +127,13 @@ class _Placed:
         time in [s, e)."""
         nodes, ancestors = self._nodes(s, e)
         sub, cover = self.sub, self.cover
-        parts = [sub[v] for v in nodes if v in sub] + [cover[v] for v in ancestors if v in cover]
-        starts = np.fromiter(chain.from_iterable(p[0] for p in parts), dtype=np.int64)
-        ends = np.fromiter(chain.from_iterable(p[1] for p in parts), dtype=np.int64)
-        return starts, ends
+        starts: list[int] = []
+        ends: list[int] = []
+        for part in [sub.get(v) for v in nodes] + [cover.get(v) for v in ancestors]:
+            if part is not None:
+                starts += part[0]
+                ends += part[1]
+        return np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64)
 
 
 def best_fit_offset(offs: np.ndarray, ends: np.ndarray, size: int) -> int:
@@ -165,6 +167,12 @@ def best_fit_run(offs: np.ndarray, ends: np.ndarray, size: int, count: int, fit:
         gap_start = np.concatenate(([0], reach[:-1]))
         gap_len = o - gap_start
         ok = np.flatnonzero(gap_len >= size)
+        if count == 1:
+            # One block (most queries): the heap's first pop, without building the heap.
+            if not len(ok):
+                return [int(reach[-1])]
+            k = ok[0] if lowest else ok[int(np.argmin(gap_len[ok]))]  # argmin: the lowest address on a tie
+            return [int(gap_start[k])]
         if lowest:
             heap = list(zip(gap_start[ok].tolist(), gap_len[ok].tolist()))
         else:
