@@ -155,7 +155,7 @@ def _solve_order(graph: Graph, hw: Hardware, order: list[str], wall_s: float, be
         canonical(p, hinted)
         if not notes and not check(p, hinted):
             asg = hinted
-    model = Model(p, whole_frame(p, asg, makespan_floor=-(-int(floor) // p.scale.tick_ns)))
+    model = Model(p, whole_frame(p, asg, floor_ns=floor))
     model.add_hints()
     if below is not None:
         model.cp.add(model.makespan * p.scale.tick_ns < below)

@@ -38,8 +38,8 @@ class Frame:
         return self.hi if self.ops_hi is None else self.ops_hi
 
 
-def whole_frame(p: Problem, inc: Assignment, op_lo=None, op_hi=None, makespan_floor: int = 0) -> Frame:
-    """Everything free on [0, horizon]; ``makespan_floor``: a makespan (ticks) no plan beats."""
+def whole_frame(p: Problem, inc: Assignment, op_lo=None, op_hi=None, floor_ns: float = 0.0) -> Frame:
+    """Everything free on [0, horizon]; ``floor_ns``: a makespan no plan beats (a bound), kept in ticks rounded up."""
     return Frame(
         lo=0, hi=p.horizon, inc=inc, ops=set(range(len(p.ops))),
         free_offload={g.index for g in p.gaps if not g.mandatory}, free_detach={g.index for g in p.gaps},
@@ -47,7 +47,8 @@ def whole_frame(p: Problem, inc: Assignment, op_lo=None, op_hi=None, makespan_fl
         free_store_start={s.index for s in p.slots},
         free_end={t.index for t in p.tensors if t.modelled and not t.until_end},
         free_tier={t.index for t in p.tensors if len(t.tiers) > 1},
-        op_lo=op_lo or {}, op_hi=op_hi or {}, whole=True, final=True, makespan_floor=makespan_floor,
+        op_lo=op_lo or {}, op_hi=op_hi or {}, whole=True, final=True,
+        makespan_floor=-(-int(floor_ns) // p.scale.tick_ns),
     )
 
 

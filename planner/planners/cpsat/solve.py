@@ -734,10 +734,10 @@ def _whole_solve(run: Run, p: Problem, asg: Assignment, objective: str, limit_ti
     ``repair``: the solve after the main one at a capacity lowered for static offsets: the record adds its
     solutions and time to the main solve's (whose status, bound and objective stay the record's) and keeps its
     status in ``offsets_repair``."""
-    # The bound every plan meets, in ticks (a model solution runs no earlier than its decoded plan): CP-SAT's own bound
-    # stays far below it on link-bound models (transformer_block: 61.4 ms against 66.8 ms).
-    floor = -(-int(run.makespan_bound().value) // p.scale.tick_ns) if objective == "makespan" else 0
-    frame = whole_frame(p, asg, lo, hi, makespan_floor=floor)
+    # The bound every plan meets (a model solution runs no earlier than its decoded plan): CP-SAT's own bound stays far
+    # below it on link-bound models (transformer_block: 61.4 ms against 66.8 ms).
+    floor = run.makespan_bound().value if objective == "makespan" else 0.0
+    frame = whole_frame(p, asg, lo, hi, floor_ns=floor)
     t = time.monotonic()
     m = Model(p, frame, objective=objective, makespan_limit=limit_ticks)
     if no_remat:
