@@ -19,10 +19,11 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import numpy as np
 
-from planner.allocator import live_end, offset_of, residency_instances
+from planner.allocator import offset_of, tier_columns
 from planner.hardware import HBM
 from planner.timeline import Residency
 
@@ -201,11 +202,13 @@ def best_fit_run(offs: np.ndarray, ends: np.ndarray, size: int, count: int, fit:
 EVERY_TRY_MAX = 1500
 FEW_TRIES_MAX = 5000
 
+# Sort keys of an allocation of ``size`` bytes live over [start, end) (``end``: its live end), before the tie-break
+# by (name, instance) that makes every order total.
 ORDERS = {
-    "size": lambda r: (-r.bytes, -(live_end(r) - r.start_ns), r.start_ns),
-    "lifetime": lambda r: (-(live_end(r) - r.start_ns), -r.bytes, r.start_ns),
-    "area": lambda r: (-r.bytes * (live_end(r) - r.start_ns), -r.bytes, r.start_ns),
-    "start": lambda r: (r.start_ns, -r.bytes),
+    "size": lambda size, start, end: (-size, -(end - start), start),
+    "lifetime": lambda size, start, end: (-(end - start), -size, start),
+    "area": lambda size, start, end: (-size * (end - start), -size, start),
+    "start": lambda size, start, end: (start, -size),
 }
 
 # (order, fit) pairs in the order ``offsets_within`` tries them, the most often lowest first. Measured on the
@@ -229,6 +232,33 @@ def tries_for(count: int) -> tuple[tuple[str, str], ...]:
     return TRIES[:3] if count <= FEW_TRIES_MAX else LARGE_TRIES
 
 
+class Allocations(NamedTuple):
+    """One tier's allocations as columns, in ``residency_instances``' order (by start, end, name): each one's name,
+    instance number (the k-th residency of its name), bytes, start and live end (``live_end``)."""
+
+    names: list[str]
+    instance: list[int]
+    size: list[int]
+    start: list[int]
+    end: list[int]
+
+
+def allocations(residencies: Iterable[Residency], tier: str = HBM) -> Allocations:
+    """Return the ``tier`` allocations of a timeline as ``Allocations``. From the executor's ``Residencies``
+    without making an object per allocation (1.1 s of 7.4 for the offsets of a 38.8k-op plan)."""
+    names, sizes, starts, ends, held = tier_columns(residencies, tier)
+    rows = sorted(range(len(names)), key=lambda j: (starts[j], ends[j], names[j]))
+    count: dict[str, int] = {}
+    instance = []
+    for j in rows:
+        k = count.get(names[j], 0)
+        count[names[j]] = k + 1
+        instance.append(k)
+    live = [e if e > s or not h else s + 1 for s, e, h in zip(starts, ends, held)]
+    return Allocations([names[j] for j in rows], instance, [sizes[j] for j in rows], [starts[j] for j in rows],
+                       [live[j] for j in rows])
+
+
 def assign_offsets(
     residencies: Iterable[Residency], tier: str = HBM, order: str = "best", fit: str = "best"
 ) -> dict[str, int | list[int]]:
@@ -240,65 +270,76 @@ def assign_offsets(
     (order, fit) pairs ``tries_for`` gives (``fit`` is then ignored).
     """
     residencies = list(residencies)
+    allocs = allocations(residencies, tier)
     if order == "best":
-        tries = [assign_offsets(residencies, tier, o, f) for o, f in tries_for(len(residencies))]
-        return min(tries, key=lambda offs: offsets_height(residencies, offs, tier))
-    inst = residency_instances(residencies, tier)
+        tries = [place_allocations(allocs, o, f) for o, f in tries_for(len(residencies))]
+        return offsets_by_name(allocs, min(tries, key=lambda offs: allocations_height(allocs, offs)))
+    return offsets_by_name(allocs, place_allocations(allocs, order, fit))
+
+
+def place_allocations(allocs: Allocations, order: str, fit: str) -> list[int]:
+    """Return the offset of each of ``allocs`` (by index), placed one at a time in ``order`` (``ORDERS``; ties by
+    name and instance) into the gap ``fit`` picks (``FITS``) among the blocks placed before it that are live at
+    the same time."""
     key = ORDERS[order]
-    sequence = sorted(range(len(inst)), key=lambda i: key(inst[i][0]) + (inst[i][0].name, inst[i][1]))
-    return offsets_by_name(_place(inst, sequence, fit))
+    names, instance, size, start, end = allocs
+    sequence = sorted(range(len(names)), key=lambda i: key(size[i], start[i], end[i]) + (names[i], instance[i]))
+    return _place(size, start, end, sequence, fit)
 
 
-def _place(inst: list[tuple[Residency, int]], sequence: list[int], fit: str) -> dict[tuple[str, int], int]:
-    """Offsets of the allocation instances ``inst`` (``residency_instances``), placed in the order of the indices
-    ``sequence`` by ``fit``: {(name, k): offset}."""
-    if not inst:
-        return {}
-    placed = _Placed(sorted({r.start_ns for r, _ in inst} | {live_end(r) for r, _ in inst}))
-    result: dict[tuple[str, int], int] = {}
+def allocations_height(allocs: Allocations, offsets: list[int]) -> int:
+    """The highest address end ``offsets`` (``place_allocations``') reach, over the allocations live for some
+    time."""
+    return max((off + b for off, b, s, e in zip(offsets, allocs.size, allocs.start, allocs.end) if e > s),
+               default=0)
+
+
+def _place(size: list[int], start: list[int], end: list[int], sequence: list[int], fit: str) -> list[int]:
+    """Offsets of the allocations of ``size`` bytes live over [start, end) (by index), placed in the order of the
+    indices ``sequence`` by ``fit``."""
+    result = [0] * len(size)
+    live = [i for i in range(len(size)) if end[i] > start[i]]
+    if not live:
+        return result
+    placed = _Placed(sorted({start[i] for i in live} | {end[i] for i in live}))
     pos = 0
     while pos < len(sequence):
-        r, k = inst[sequence[pos]]
-        end = live_end(r)
-        if end <= r.start_ns:
-            result[(r.name, k)] = 0
+        i = sequence[pos]
+        b, s, e = size[i], start[i], end[i]
+        if e <= s:
             pos += 1
             continue
         # A run of blocks with the same size and time range comes next in every order (thousands of KV-cache
         # blocks): one query serves the whole run, each block placed also counting the ones placed before it.
         run = pos + 1
         while run < len(sequence):
-            r2 = inst[sequence[run]][0]
-            if r2.bytes != r.bytes or r2.start_ns != r.start_ns or live_end(r2) != end:
+            j = sequence[run]
+            if size[j] != b or start[j] != s or end[j] != e:
                 break
             run += 1
-        new = best_fit_run(*placed.overlapping(r.start_ns, end), r.bytes, run - pos, fit)
+        new = best_fit_run(*placed.overlapping(s, e), b, run - pos, fit)
         for p, off in zip(range(pos, run), new):
-            rp, kp = inst[sequence[p]]
-            result[(rp.name, kp)] = off
-        placed.add(r.start_ns, end, new, r.bytes)
+            result[sequence[p]] = off
+        placed.add(s, e, new, b)
         pos = run
     return result
 
 
-def offsets_by_name(by_instance: dict[tuple[str, int], int]) -> dict[str, int | list[int]]:
-    """``Plan.offsets``'s form of ``{(name, k): offset}``: a name's k-th entry for its k-th residency (by start),
-    a single int for a name resident once."""
+def offsets_by_name(allocs: Allocations, offsets: list[int]) -> dict[str, int | list[int]]:
+    """``Plan.offsets``'s form of one offset per allocation (by index): a name's k-th entry for its k-th residency
+    (by start), a single int for a name resident once; names in sorted order."""
     out: dict[str, list[int]] = {}
-    for (name, _k), off in sorted(by_instance.items()):
-        out.setdefault(name, []).append(off)
+    for _name, _k, off in sorted(zip(allocs.names, allocs.instance, offsets)):
+        out.setdefault(_name, []).append(off)
     return {name: (v[0] if len(v) == 1 else v) for name, v in out.items()}
 
 
 def offsets_height(residencies: Iterable[Residency], offsets: dict, tier: str = HBM) -> int:
     """The highest address end the offsets reach on ``tier``."""
+    allocs = allocations(residencies, tier)
     h = 0
-    for r, k in residency_instances(residencies, tier):
-        off = offset_of(offsets, r.name, k)
-        if off is not None and live_end(r) > r.start_ns:
-            h = max(h, off + r.bytes)
+    for name, k, b, s, e in zip(*allocs):
+        off = offset_of(offsets, name, k)
+        if off is not None and e > s:
+            h = max(h, off + b)
     return h
-
-
-__all__ = ["FITS", "ORDERS", "TRIES", "assign_offsets", "best_fit_offset", "best_fit_run", "offsets_by_name",
-           "offsets_height", "tries_for"]

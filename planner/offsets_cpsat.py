@@ -19,13 +19,20 @@ offsets; the wall-clock limit is only a safety net.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sized
 
 from ortools.sat.python import cp_model
 
-from planner.allocator import live_end, residency_instances
 from planner.hardware import HBM
-from planner.offsets import assign_offsets, offsets_by_name, offsets_height, tries_for
+from planner.offsets import (
+    Allocations,
+    allocations,
+    allocations_height,
+    offsets_by_name,
+    offsets_height,
+    place_allocations,
+    tries_for,
+)
 from planner.timeline import Residency
 
 EXACT_MAX_BLOCKS = 400  # larger timelines keep the heuristic (measured: no gain within seconds at 1,000+ allocations)
@@ -43,21 +50,26 @@ def fit_offsets(
     """Return offsets (in ``assign_offsets``'s form) with every ``tier`` allocation inside ``[0, capacity)`` and no
     two allocations live at the same time overlapping, or None when CP-SAT finds none within its effort (or the
     timeline has more than ``EXACT_MAX_BLOCKS`` allocations)."""
-    every = residency_instances(residencies, tier)
-    inst = [(r, k) for r, k in every if live_end(r) > r.start_ns]
+    return _fit(allocations(residencies, tier), capacity, effort, time_limit_s)
+
+
+def _fit(allocs: Allocations, capacity: int, effort: float, time_limit_s: float) -> dict[str, int | list[int]] | None:
+    """``fit_offsets`` on a timeline's ``Allocations``."""
+    found = [0] * len(allocs.names)
+    inst = [i for i, (s, e) in enumerate(zip(allocs.start, allocs.end)) if e > s]
     if not inst:
-        return offsets_by_name({(r.name, k): 0 for r, k in every})
-    if len(inst) > EXACT_MAX_BLOCKS or any(r.bytes > capacity for r, _ in inst):
+        return offsets_by_name(allocs, found)
+    if len(inst) > EXACT_MAX_BLOCKS or any(allocs.size[i] > capacity for i in inst):
         return None
-    times = sorted({r.start_ns for r, _ in inst} | {live_end(r) for r, _ in inst})
+    times = sorted({allocs.start[i] for i in inst} | {allocs.end[i] for i in inst})
     rank = {t: i for i, t in enumerate(times)}
-    spans = [(rank[r.start_ns], rank[live_end(r)]) for r, _ in inst]
+    spans = [(rank[allocs.start[i]], rank[allocs.end[i]]) for i in inst]
     pairs = _overlapping_pairs(spans)
     if len(pairs) > EXACT_MAX_PAIRS:
         return None
-    unit = math.gcd(capacity, *(r.bytes for r, _ in inst)) or 1
+    unit = math.gcd(capacity, *(allocs.size[i] for i in inst)) or 1
     cap = capacity // unit
-    sizes = [r.bytes // unit for r, _ in inst]
+    sizes = [allocs.size[i] // unit for i in inst]
     model = cp_model.CpModel()
     ys = [model.new_int_var(0, cap - size, f"y{i}") for i, size in enumerate(sizes)]
     for i, j in pairs:
@@ -72,8 +84,9 @@ def fit_offsets(
     status = solver.solve(model)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
-    found = {(r.name, k): solver.value(y) * unit for (r, k), y in zip(inst, ys)}
-    return offsets_by_name({(r.name, k): found.get((r.name, k), 0) for r, k in every})
+    for i, y in zip(inst, ys):
+        found[i] = solver.value(y) * unit
+    return offsets_by_name(allocs, found)
 
 
 def _overlapping_pairs(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -99,17 +112,19 @@ def offsets_within(
     (order, fit) pairs of ``assign_offsets`` (``tries_for``: all eight on timelines of up to ``EVERY_TRY_MAX``
     allocations, fewer above), then CP-SAT's exact assignment (timelines of up to a few hundred
     allocations). Otherwise the lowest offsets found, whose height is then above ``capacity``."""
-    residencies = list(residencies)
-    best: tuple[dict[str, int | list[int]], int] | None = None
+    if not isinstance(residencies, Sized):
+        residencies = list(residencies)
+    allocs = allocations(residencies, tier)
+    best: tuple[list[int], int] | None = None
     for order, fit in tries_for(len(residencies)):
-        offs = assign_offsets(residencies, tier, order, fit)
-        height = offsets_height(residencies, offs, tier)
+        offs = place_allocations(allocs, order, fit)
+        height = allocations_height(allocs, offs)
         if height <= capacity:
-            return offs, height
+            return offsets_by_name(allocs, offs), height
         if best is None or height < best[1]:
             best = (offs, height)
     assert best is not None
-    exact = fit_offsets(residencies, capacity, tier=tier, time_limit_s=time_limit_s)
+    exact = _fit(allocs, capacity, EFFORT, time_limit_s)
     if exact is not None:
         return exact, offsets_height(residencies, exact, tier)
-    return best
+    return offsets_by_name(allocs, best[0]), best[1]

@@ -188,13 +188,13 @@ def _naive_best_fit(residencies, order: str, fit: str = "best") -> dict:
     """assign_offsets without its index: each allocation, in the order's sequence, goes by best fit (or first
     fit) among every block already placed that is live at some time it is."""
     from planner.allocator import live_end, residency_instances
-    from planner.offsets import ORDERS, offsets_by_name
+    from planner.offsets import ORDERS
 
     inst = residency_instances(residencies)
     key = ORDERS[order]
     placed: list[tuple[int, int, int, int]] = []  # start, end, offset, top
     out = {}
-    for r, k in sorted(inst, key=lambda rk: key(rk[0]) + (rk[0].name, rk[1])):
+    for r, k in sorted(inst, key=lambda rk: key(rk[0].bytes, rk[0].start_ns, live_end(rk[0])) + (rk[0].name, rk[1])):
         s, e = r.start_ns, live_end(r)
         if e <= s:
             out[(r.name, k)] = 0
@@ -207,7 +207,14 @@ def _naive_best_fit(residencies, order: str, fit: str = "best") -> dict:
                                   np.array([t for _, t in live], dtype=np.int64), r.bytes)
         placed.append((s, e, off, off + r.bytes))
         out[(r.name, k)] = off
-    return offsets_by_name(out)
+    return {name: (v[0] if len(v) == 1 else v) for name, v in _grouped(out).items()}
+
+
+def _grouped(by_instance: dict) -> dict:
+    out: dict = {}
+    for (name, _k), off in sorted(by_instance.items()):
+        out.setdefault(name, []).append(off)
+    return out
 
 
 @pytest.mark.parametrize("seed", range(8))
