@@ -33,10 +33,12 @@ It reports ``status=PlanStatus.INFEASIBLE`` with a note when no plan can fit: th
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from planner.background import Background, can_fork
 from planner.bounds import hbm_floor, initial_hbm_bytes, largest_working_set
 from planner.executor import simulate
 from planner.gc_pause import gc_paused
@@ -70,6 +72,10 @@ REFINE_RETRIES = 3
 # then 0.57; the 38.8k-op one: 1.0489, 1.0838, 1.1125 at 53.8, 50.8, 47.4 GB, 0.62 then 0.46). Used for the first
 # replan on graphs above REFINE_MAX_OPS, before two attempts measure it.
 FRAG_GROWTH = 0.45
+# The offsets' height over the planning budget at the full budget that the first replan on graphs above
+# REFINE_MAX_OPS plans for (measured: 1.0397 and 1.0489 on the 29k- and 38.8k-op graphs above). Planned beside the
+# first plan; when its offsets do not fit either, the replans after it extrapolate from both measured ratios.
+FRAG_FIRST = 1.035
 
 
 @dataclass(frozen=True)
@@ -242,11 +248,28 @@ def _placed(ctx: Context, settings: Settings, offsets: bool, name: str, deadline
     if budget < floor:
         plan = build_plan(ctx, settings, budget, name)  # infeasible: say why
         return Planned(plan, simulate(g, hw, plan))
+    refine = ctx.n <= REFINE_MAX_OPS
+    # Large graphs: the first replan's budget does not depend on the first plan, so it is planned beside it, on the
+    # second core, from the start (``Background``); it is the same plan either way, only sooner.
+    # Not where nothing-offloaded fits with room for the fragmentation: the first plan's offsets will fit.
+    first_replan = None if refine else _first_replan_budget(hw.hbm_bytes)
+    beside = (offsets and first_replan is not None and first_replan >= floor and can_fork()
+              and int(ctx.base.max(initial=0)) * FRAG_FIRST > budget)
+    with Background(_replan, ctx, settings, first_replan, name, ctx.answers, None) if beside else nullcontext(
+            ) as spec:
+        return _placed_from(ctx, settings, offsets, name, deadline, t0, floor, first_replan, spec)
+
+
+def _placed_from(ctx: Context, settings: Settings, offsets: bool, name: str, deadline: float | None, t0: float,
+                 floor: int, first_replan: int | None, spec: Background | None) -> Planned:
+    g, hw = ctx.graph, ctx.hw
+    budget = hw.hbm_bytes
     plan, timeline, answers, windows_cut = _plan_checked(ctx, settings, budget, name)
     if not offsets or plan.status != PlanStatus.FEASIBLE or not timeline.valid:
         return Planned(plan, simulate(g, hw, plan))
     first = plan
     static: Planned | None = None
+    caching: Timeline | None = None  # the first plan under the caching allocator, once needed
     out_of_time = False
     ratios: list[float] = []  # offset height / planning budget, per attempt whose offsets did not fit
     tried: list[int] = []  # and those attempts' planning budgets
@@ -257,17 +280,19 @@ def _placed(ctx: Context, settings: Settings, offsets: bool, name: str, deadline
     refine = ctx.n <= REFINE_MAX_OPS
     # On larger graphs the plans for a lower budget give only the answers that won at the full budget: checking the
     # joint plan against each answer alone costs a plan and an executor run each time (20 s an attempt at 38.8k
-    # ops), and a lower budget for fragmentation's sake rarely changes which answer wins.
+    # ops), and a lower budget for fragmentation's sake rarely changes which answer wins. The first replan, planned
+    # beside the first plan (``first_replan``), cannot know them: it gives every answer the context allows, jointly.
     only = None if refine else answers
-    fresh = True  # ``plan`` is new: place it
+    fresh = True  # the attempt's plan is valid: ``placed`` and ``height`` are its static offsets' outcome
+    placed, height = place_statically(g, hw, plan, timeline)
     cut = False  # the deadline, a wall clock, stopped the replanning: another run may plan differently
     while True:
         if fresh:
-            placed, height = place_statically(g, hw, plan, timeline)
             if placed is not None:
-                stats = dict(plan.stats, offset_height_bytes=height, offset_attempts=attempt + 1)
-                notes = plan.notes + ((f"static offsets fit after planning for {format_bytes_exact(budget)} (the "
-                                       "offsets need more than the peak: fragmentation)",) if attempt else ())
+                stats = dict(placed.plan.stats, offset_height_bytes=height, offset_attempts=attempt + 1)
+                notes = placed.plan.notes + ((
+                    f"static offsets fit after planning for {format_bytes_exact(budget)} (the offsets need more than "
+                    "the peak: fragmentation)",) if attempt else ())
                 mine = Planned(replace(placed.plan, stats=stats, notes=notes), placed.timeline)
                 if static is None or mine.timeline.metrics.makespan_ns < static.timeline.metrics.makespan_ns:
                     static = mine
@@ -276,6 +301,8 @@ def _placed(ctx: Context, settings: Settings, offsets: bool, name: str, deadline
                 unplaced = min(unplaced, budget)
                 ratios.append(height / budget)
                 tried.append(budget)
+        if static is not None and attempt == 0:
+            break  # placed at the full budget
         if low is not None:
             # Between a budget too low (or one that fits) and one that does not fit: halfway, on small graphs (a
             # plan for a lower budget is usually slower, and the recompute chains run out of room before the gap
@@ -296,7 +323,9 @@ def _placed(ctx: Context, settings: Settings, offsets: bool, name: str, deadline
             # the budget.
             ratio = ratios[-1]
             margin = 0.99 - 0.005 * attempt
-            if not refine:
+            if first_replan is not None and attempt == 0:
+                target = first_replan
+            elif not refine:
                 # Large graphs, whose attempts cost 10 to 20 s each, plan for where the ratio will be, not where it
                 # was: growing linearly as the budget drops, at the rate the last two attempts measured (or
                 # FRAG_GROWTH before there are two).
@@ -315,7 +344,8 @@ def _placed(ctx: Context, settings: Settings, offsets: bool, name: str, deadline
             budget = min(budget - hw.hbm_bytes // 1000, target)
             if budget < floor:
                 break
-        if deadline is not None:
+        beside = spec is not None and attempt == 0 and budget == first_replan
+        if deadline is not None and not beside:
             # Another attempt costs about what the first took; the caching allocator's run of the first plan
             # (the fallback) about half of that.
             per_attempt = (time.monotonic() - t0) / (attempt + 1)
@@ -324,14 +354,20 @@ def _placed(ctx: Context, settings: Settings, offsets: bool, name: str, deadline
                 cut = True
                 break
         attempt += 1
-        # Small graphs replan with both window rules (the faster wins): the rule that won at the full budget can
-        # lose at a lower one (Checkmate's random n500 at 0.8, joint: 4316.7 ms keeping the first plan's cut windows,
-        # 3918.1 ms with whole windows in the replans).
-        candidate, cand_tl, _, _ = _plan_checked(ctx, settings, budget, name, only,
-                                                 None if refine else windows_cut)
-        fresh = candidate.status == PlanStatus.FEASIBLE and cand_tl.valid
+        if beside:
+            # Needed from here on whatever the replans give (the fallback, or the static plan's rival): run it while
+            # the second core finishes the replan.
+            caching = simulate(g, hw, first)
+            fresh, placed, height = spec.result()
+        else:
+            # Small graphs replan with both window rules (the faster wins): the rule that won at the full budget can
+            # lose at a lower one (Checkmate's random n500 at 0.8, joint: 4316.7 ms keeping the first plan's cut
+            # windows, 3918.1 ms with whole windows in the replans).
+            args = (ctx.answers, None) if attempt == 1 and first_replan is not None else (
+                only, None if refine else windows_cut)
+            fresh, placed, height = _replan(ctx, settings, budget, name, *args)
         if fresh:
-            plan, timeline = candidate, cand_tl
+            pass
         elif refine and static is None and _cheap(t0, deadline):
             low = budget if low is None else max(low, budget)
         elif not refine and static is None and unplannable is None and tried:
@@ -346,7 +382,8 @@ def _placed(ctx: Context, settings: Settings, offsets: bool, name: str, deadline
         return static
     # The first plan under the caching allocator (its defragmentation delays included) against the static plan
     # made for a lower budget, if any: the faster one wins, static offsets on a tie.
-    caching = simulate(g, hw, first)
+    if caching is None:
+        caching = simulate(g, hw, first)
     if static is not None:
         if static.timeline.valid and static.timeline.metrics.makespan_ns <= caching.metrics.makespan_ns:
             return static
@@ -359,6 +396,26 @@ def _placed(ctx: Context, settings: Settings, offsets: bool, name: str, deadline
             " (no time left to plan for a lower budget)" if out_of_time else "")
     return Planned(replace(first, notes=first.notes + (f"{why}; HBM placement is left to the caching allocator",)),
                    caching)
+
+
+def _first_replan_budget(hbm: int) -> int:
+    """The planning budget of the first replan on graphs above ``REFINE_MAX_OPS`` ops: where the offsets' height
+    over the planning budget is expected to reach ``FRAG_FIRST`` at the full budget and to grow by ``FRAG_GROWTH``
+    per unit of budget share below it, with the 1% margin of every replan. It does not depend on the first plan, so
+    it can be planned beside it."""
+    return min(hbm - hbm // 1000, _fitting_budget(hbm, FRAG_FIRST, -FRAG_GROWTH / hbm, hbm * 0.99))
+
+
+def _replan(ctx: Context, settings: Settings, budget: int, name: str, only: Answers | None,
+            windows_cut: bool | None) -> tuple[bool, Planned | None, int]:
+    """Plan against ``budget`` (``_plan_checked``) and give the plan static offsets; return (whether the plan is
+    valid, the plan with its offsets and its timeline or None when they do not fit the HBM budget, their
+    height)."""
+    plan, timeline, _, _ = _plan_checked(ctx, settings, budget, name, only, windows_cut)
+    if plan.status != PlanStatus.FEASIBLE or not timeline.valid:
+        return False, None, 0
+    placed, height = place_statically(ctx.graph, ctx.hw, plan, timeline)
+    return True, placed, height
 
 
 def _deadline_cut(planned: Planned | None) -> Planned | None:

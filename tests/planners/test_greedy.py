@@ -241,14 +241,16 @@ def test_the_timeline_greedy_hands_over_is_the_executors(path, fraction, offsets
 
 
 def test_on_large_graphs_a_replan_for_the_offsets_keeps_the_answers_the_full_budget_chose(monkeypatch):
-    """Above ``REFINE_MAX_OPS`` ops the plans for a lower budget (fragmentation) build only with the answers that
-    won at the full budget: no variant per attempt. Lowered here so that a 1k-op graph takes that path."""
+    """Above ``REFINE_MAX_OPS`` ops the plans for a lower budget (fragmentation) build with one set of answers
+    each, no variant per attempt: the first replan (planned beside the first plan, so before it is known) with the
+    joint answers, the later ones with the answers that won at the full budget. Lowered here so that a 1k-op graph
+    takes that path; in this process (no background child), so that every build is recorded."""
     import planner.planners.greedy as greedy
     from planner.planners.greedy import Settings, planned_with_context
     from planner.planners.greedy_select import Answers, Context
 
     g = api.load_graph(GRAPHS / "llama3-8b-no2-4layers.json")
-    hw = api.hardware("ascend-910c", hbm="7GB")
+    hw = api.hardware("ascend-910c", hbm="7.5GB")
     calls: list[tuple[int, Answers | None]] = []
     build = greedy.build_plan
 
@@ -258,13 +260,39 @@ def test_on_large_graphs_a_replan_for_the_offsets_keeps_the_answers_the_full_bud
 
     monkeypatch.setattr(greedy, "build_plan", recording)
     monkeypatch.setattr(greedy, "REFINE_MAX_OPS", 0)
-    out = planned_with_context(Context(g, hw, "auto"), Settings())
+    monkeypatch.setattr(greedy, "can_fork", lambda: False)
+    ctx = Context(g, hw, "auto")
+    out = planned_with_context(ctx, Settings())
     assert out.timeline.valid and simulate(g, hw, out.plan).valid
     full = [a for b, a in calls if b == hw.hbm_bytes]
-    lower = [a for b, a in calls if b < hw.hbm_bytes]
-    assert out.plan.stats["offset_attempts"] > 1 and lower  # this budget does replan for its offsets
+    budgets = sorted({b for b, _ in calls if b < hw.hbm_bytes}, reverse=True)
+    assert out.plan.stats["offset_attempts"] > 2 and len(budgets) > 1  # this budget replans twice or more
     assert len(set(full)) > 1  # the full budget compared the joint plan with an answer alone
-    assert len(set(lower)) == 1 and lower[0] in full  # each replan: one build, with the answers that won
+    assert budgets[0] == greedy._first_replan_budget(hw.hbm_bytes)
+    assert [a for b, a in calls if b == budgets[0]] == [ctx.answers]  # the first replan: one build, joint
+    later = [a for b, a in calls if b < budgets[0]]
+    assert len(later) == len(budgets) - 1 and len(set(later)) == 1 and later[0] in full  # the answers that won
+
+
+def test_on_large_graphs_the_replan_beside_the_first_plan_gives_the_plan_planning_in_turn_gives(monkeypatch):
+    """The first replan for the offsets on a large graph runs in a forked child beside the first plan
+    (``planner.background``); the plan must be the very one the same planner makes with no second core."""
+    import planner.planners.greedy as greedy
+    from planner.background import can_fork
+    from planner.planners.greedy import Settings, planned_with_context
+    from planner.planners.greedy_select import Context
+
+    if not can_fork():
+        pytest.skip("no fork or one core: nothing runs beside")
+    g = api.load_graph(GRAPHS / "llama3-8b-no2-4layers.json")
+    hw = api.hardware("ascend-910c", hbm="7GB")
+    monkeypatch.setattr(greedy, "REFINE_MAX_OPS", 0)
+    beside = planned_with_context(Context(g, hw, "auto"), Settings())
+    monkeypatch.setattr(greedy, "can_fork", lambda: False)
+    in_turn = planned_with_context(Context(g, hw, "auto"), Settings())
+    assert beside.plan.stats["offset_attempts"] > 1  # the replan was used
+    assert beside.plan == in_turn.plan and beside.timeline == in_turn.timeline
+    assert beside.timeline.valid and simulate(g, hw, beside.plan) == beside.timeline
 
 
 def test_a_deadline_that_stops_the_replanning_for_offsets_is_recorded():
