@@ -27,33 +27,27 @@ from planner.allocator import offset_of, tier_columns
 from planner.hardware import HBM
 from planner.timeline import Residency
 
-# A union of address intervals, kept merged: sorted disjoint [starts[k], ends[k]) (touching ones merge).
-_Union = tuple[list[int], list[int]]
+# A union of address intervals, kept merged as one list [s0, e0, s1, e1, ...]: disjoint, positive sizes, touching
+# ones merged, so the list is strictly increasing and an address's position in it (even: in a gap; odd: in an
+# interval) says where it falls. One list, not two: a query gathers a third fewer items and makes one array.
+_Union = list[int]
 
 
 def _merge_into(unions: dict[int, _Union], v: int, a: int, b: int) -> None:
     """Add the address range [a, b) to the union of node ``v``."""
-    u = unions.get(v)
-    if u is None:
-        unions[v] = ([a], [b])
+    flat = unions.get(v)
+    if flat is None:
+        unions[v] = [a, b]
         return
-    starts, ends = u
-    i = bisect.bisect_left(ends, a)  # the first interval that ends at or after a
-    j = bisect.bisect_right(starts, b, i)  # one past the last that starts at or before b
-    if i == j:
-        starts.insert(i, a)
-        ends.insert(i, b)
-        return
-    if starts[i] < a:
-        a = starts[i]
-    if ends[j - 1] > b:
-        b = ends[j - 1]
-    if j == i + 1:
-        starts[i] = a
-        ends[i] = b
-    else:
-        starts[i:j] = [a]
-        ends[i:j] = [b]
+    i = bisect.bisect_left(flat, a)  # odd: a is inside an interval or at its end (touching): merge from its start
+    j = bisect.bisect_right(flat, b, i)  # odd: b is inside an interval or at its start (touching): merge to its end
+    if i & 1:
+        i -= 1
+        a = flat[i]
+    if j & 1:
+        b = flat[j]
+        j += 1
+    flat[i:j] = (a, b)
 
 
 class _Placed:
@@ -128,13 +122,12 @@ class _Placed:
         time in [s, e)."""
         nodes, ancestors = self._nodes(s, e)
         sub, cover = self.sub, self.cover
-        starts: list[int] = []
-        ends: list[int] = []
+        flat: list[int] = []
         for part in [sub.get(v) for v in nodes] + [cover.get(v) for v in ancestors]:
             if part is not None:
-                starts += part[0]
-                ends += part[1]
-        return np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64)
+                flat += part
+        both = np.array(flat, dtype=np.int64)
+        return both[0::2], both[1::2]
 
 
 def best_fit_offset(offs: np.ndarray, ends: np.ndarray, size: int) -> int:
