@@ -18,6 +18,7 @@ import multiprocessing as mp
 import os
 import pickle
 import signal
+import time
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -52,6 +53,16 @@ class Background(Generic[T]):
             self._proc = ctx.Process(target=_child, args=(fn, args, child), daemon=True)
             self._proc.start()
             child.close()
+
+    def ready_by(self, deadline: float) -> bool:
+        """Whether the result is in by ``deadline`` (``time.monotonic()``), waiting until then at most; always
+        True with no child (``result()`` computes it here)."""
+        if self._done or self._proc is None:
+            return True
+        try:
+            return self._conn.poll(max(0.0, deadline - time.monotonic()))
+        except (EOFError, OSError):
+            return True  # the child is gone: ``result()`` computes it here
 
     def result(self) -> T:
         """Wait for the child's result; compute it here when there is no child or it sent none."""

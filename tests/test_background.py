@@ -69,3 +69,18 @@ def test_the_result_is_computed_once():
     calls = []
     job = Background(lambda: calls.append(1) or len(calls))
     assert job.result() == job.result()
+
+
+@needs_fork
+def test_ready_by_waits_until_the_deadline_at_most():
+    with Background(time.sleep, 30) as slow:
+        t = time.monotonic()
+        assert not slow.ready_by(t + 0.2)
+        assert time.monotonic() - t < 10
+    quick = Background(_pid_and_table, 3)
+    assert quick.ready_by(time.monotonic() + 30) and quick.result()[1] == _pid_and_table(3)[1]
+
+
+def test_without_a_child_the_result_is_always_ready(monkeypatch):
+    monkeypatch.setattr(background, "can_fork", lambda: False)
+    assert Background(time.sleep, 30).ready_by(time.monotonic())

@@ -358,6 +358,10 @@ def _placed_from(ctx: Context, settings: Settings, offsets: bool, name: str, dea
             # Needed from here on whatever the replans give (the fallback, or the static plan's rival): run it while
             # the second core finishes the replan.
             caching = simulate(g, hw, first)
+            if deadline is not None and not spec.ready_by(deadline):
+                out_of_time = static is None
+                cut = True
+                break
             fresh, placed, height = spec.result()
         else:
             # Small graphs replan with both window rules (the faster wins): the rule that won at the full budget can

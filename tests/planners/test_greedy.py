@@ -295,6 +295,35 @@ def test_on_large_graphs_the_replan_beside_the_first_plan_gives_the_plan_plannin
     assert beside.timeline.valid and simulate(g, hw, beside.plan) == beside.timeline
 
 
+def test_a_deadline_passed_before_the_replan_beside_the_first_plan_is_in_cuts_it(monkeypatch):
+    """cpsat's starting plan has a deadline: the replan running beside the first plan is waited for until then only,
+    and the plan says the deadline cut its replanning."""
+    import os
+    import time
+
+    import planner.planners.greedy as greedy
+    from planner.background import can_fork
+    from planner.planners.greedy import Settings, planned_with_context
+    from planner.planners.greedy_select import Context
+
+    if not can_fork():
+        pytest.skip("no fork or one core: nothing runs beside")
+    g = api.load_graph(GRAPHS / "llama3-8b-no2-4layers.json")
+    hw = api.hardware("ascend-910c", hbm="7GB")
+    monkeypatch.setattr(greedy, "REFINE_MAX_OPS", 0)
+    parent, replan = os.getpid(), greedy._replan
+
+    def slow_beside(*args):
+        if os.getpid() != parent:
+            time.sleep(30)  # the child's replan is not in by the deadline
+        return replan(*args)
+
+    monkeypatch.setattr(greedy, "_replan", slow_beside)
+    cut = planned_with_context(Context(g, hw, "auto"), Settings(), deadline=time.monotonic() + 1)
+    assert cut.plan.stats.get("deadline_cut") is True and cut.timeline.metrics.allocator == "caching"
+    assert cut.timeline.valid and simulate(g, hw, cut.plan) == cut.timeline
+
+
 def test_a_deadline_that_stops_the_replanning_for_offsets_is_recorded():
     """cpsat's starting plan passes a deadline (a wall clock): when it stops the replans for static offsets, the
     plan's stats say so, so that a deterministic cpsat run can note that it may not be reproducible."""
