@@ -18,6 +18,7 @@ import multiprocessing as mp
 import os
 import pickle
 import signal
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
@@ -34,8 +35,9 @@ def cores() -> int:
 
 
 def can_fork() -> bool:
-    """Whether a ``Background`` can run beside the caller: fork exists and a second core is there."""
-    return "fork" in mp.get_all_start_methods() and cores() >= 2
+    """Whether a ``Background`` can run beside the caller: on Linux (macOS has fork, but frameworks there are not
+    safe to use in a forked child), with a second core."""
+    return sys.platform.startswith("linux") and "fork" in mp.get_all_start_methods() and cores() >= 2
 
 
 class Background(Generic[T]):
