@@ -20,7 +20,8 @@ import pickle
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -103,11 +104,13 @@ class Background(Generic[T]):
         self.cancel()
 
 
-def _child(fn: Callable, args: tuple, conn) -> None:
+@contextmanager
+def forked_child(conn) -> Iterator[None]:
+    """The body of a forked child that answers through the pipe end ``conn``: any failure is sent as ``("error",
+    repr)``, and the child then exits at once, without the cleanup (atexit, finalizers) of the process it copies."""
     try:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        conn.send(("ok", pickle.dumps(fn(*args), protocol=pickle.HIGHEST_PROTOCOL)))
-    except BaseException as exc:  # noqa: BLE001 - any failure: the caller computes the result itself
+        yield
+    except BaseException as exc:  # noqa: BLE001 - report anything to the parent
         try:
             conn.send(("error", repr(exc)))
         except Exception:
@@ -117,4 +120,10 @@ def _child(fn: Callable, args: tuple, conn) -> None:
         os._exit(0)
 
 
-__all__ = ["Background", "can_fork", "cores"]
+def _child(fn: Callable, args: tuple, conn) -> None:
+    with forked_child(conn):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        conn.send(("ok", pickle.dumps(fn(*args), protocol=pickle.HIGHEST_PROTOCOL)))
+
+
+__all__ = ["Background", "can_fork", "cores", "forked_child"]

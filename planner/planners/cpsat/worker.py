@@ -18,7 +18,6 @@ The solution callback reads the response proto only (reading variables one by on
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import signal
 import threading
 import time
@@ -26,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
+
+from planner.background import forked_child
 
 # How much later than the requested limit the parent kills the child.
 GRACE_S = 0.3
@@ -81,7 +82,7 @@ class _Callback(cp_model.CpSolverSolutionCallback):
 
 def _child(model: cp_model.CpModel, params: dict, conn, stream_log: bool, stop_after_s: float | None = None
            ) -> None:
-    try:
+    with forked_child(conn):
         # The parent handles Ctrl-C (it keeps the best solution and kills this process); CP-SAT's own SIGINT
         # handler would only race it.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -110,14 +111,6 @@ def _child(model: cp_model.CpModel, params: dict, conn, stream_log: bool, stop_a
         conn.send(("done", solver.status_name(status), solver.objective_value if values else None,
                    solver.best_objective_bound, values, solver.wall_time, solver.deterministic_time,
                    solver.solve_log if params.get("log_search_progress") else ""))
-    except BaseException as exc:  # noqa: BLE001 - report anything to the parent
-        try:
-            conn.send(("error", repr(exc)))
-        except Exception:
-            pass
-    finally:
-        conn.close()
-        os._exit(0)
 
 
 def python_sigint() -> None:
