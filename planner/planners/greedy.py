@@ -255,6 +255,8 @@ def _placed(ctx: Context, settings: Settings, offsets: bool, name: str, deadline
     first_replan = None if refine else _first_replan_budget(hw.hbm_bytes)
     beside = (offsets and first_replan is not None and first_replan >= floor and can_fork()
               and int(ctx.base.max(initial=0)) * FRAG_FIRST > budget)
+    if beside:
+        ctx.table  # noqa: B018 - built once here, the child inherits it (1 s on the 38.8k-op graph), not twice
     with Background(_replan, ctx, settings, first_replan, name, ctx.answers, None) if beside else nullcontext(
             ) as spec:
         return _placed_from(ctx, settings, offsets, name, deadline, t0, floor, first_replan, spec)
