@@ -19,6 +19,8 @@ time first, until the sequential HBM count fits (``greedy_select.py``), places e
 the budget (fragmentation), it plans again against a budget lowered by the excess (extrapolating its growth
 from the second retry on; three times at most) and keeps that plan if it is no slower than the first plan under
 the caching allocator (defragmentation delays included); otherwise the first plan, with the caching allocator.
+On graphs above ``REFINE_MAX_OPS`` ops the first replan's budget is fixed in advance (``FRAG_FIRST``), so that it
+is planned beside the first plan, on a second core (``planner/background.py``), with the same result on one core.
 
 A gap has a third answer besides keeping the tensor and offloading it: recomputing it (``recompute=True``, the
 default), i.e. dropping the tensor after its use and re-running its producer right before the next use, which
@@ -346,8 +348,8 @@ def _placed_from(ctx: Context, settings: Settings, offsets: bool, name: str, dea
             budget = min(budget - hw.hbm_bytes // 1000, target)
             if budget < floor:
                 break
-        beside = spec is not None and attempt == 0 and budget == first_replan
-        if deadline is not None and not beside:
+        from_child = spec is not None and attempt == 0 and budget == first_replan
+        if deadline is not None and not from_child:
             # Another attempt costs about what the first took; the caching allocator's run of the first plan
             # (the fallback) about half of that.
             per_attempt = (time.monotonic() - t0) / (attempt + 1)
@@ -356,7 +358,7 @@ def _placed_from(ctx: Context, settings: Settings, offsets: bool, name: str, dea
                 cut = True
                 break
         attempt += 1
-        if beside:
+        if from_child:
             # Needed from here on whatever the replans give (the fallback, or the static plan's rival): run it while
             # the second core finishes the replan.
             caching = simulate(g, hw, first)
@@ -372,15 +374,14 @@ def _placed_from(ctx: Context, settings: Settings, offsets: bool, name: str, dea
             args = (ctx.answers, None) if attempt == 1 and first_replan is not None else (
                 only, None if refine else windows_cut)
             fresh, placed, height = _replan(ctx, settings, budget, name, *args)
-        if fresh:
-            pass
-        elif refine and static is None and _cheap(t0, deadline):
-            low = budget if low is None else max(low, budget)
-        elif not refine and static is None and unplannable is None and tried:
-            unplannable = budget  # once: the next attempt steps back up
-        else:
-            cut = cut or (refine and static is None)
-            break
+        if not fresh:  # no valid plan at this budget
+            if refine and static is None and _cheap(t0, deadline):
+                low = budget if low is None else max(low, budget)
+            elif not refine and static is None and unplannable is None and tried:
+                unplannable = budget  # once: the next attempt steps back up
+            else:
+                cut = cut or (refine and static is None)
+                break
     if cut:
         static = _deadline_cut(static)
         first = replace(first, stats=dict(first.stats, deadline_cut=True))
