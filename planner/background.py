@@ -53,8 +53,13 @@ class Background(Generic[T]):
         if can_fork():
             ctx = mp.get_context("fork")
             self._conn, child = ctx.Pipe(duplex=False)
-            self._proc = ctx.Process(target=_child, args=(fn, args, child), daemon=True)
-            self._proc.start()
+            try:
+                proc = ctx.Process(target=_child, args=(fn, args, child), daemon=True)
+                proc.start()
+            except (AssertionError, OSError):  # a daemonic process may not have children; out of processes
+                self._conn.close()
+            else:
+                self._proc = proc
             child.close()
 
     def ready_by(self, deadline: float) -> bool:

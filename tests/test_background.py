@@ -84,3 +84,16 @@ def test_ready_by_waits_until_the_deadline_at_most():
 def test_without_a_child_the_result_is_always_ready(monkeypatch):
     monkeypatch.setattr(background, "can_fork", lambda: False)
     assert Background(time.sleep, 30).ready_by(time.monotonic())
+
+
+@needs_fork
+def test_a_child_that_cannot_start_leaves_the_result_to_the_caller(monkeypatch):
+    """A daemonic process may not have children (multiprocessing refuses): the caller computes the result."""
+    import multiprocessing
+
+    def refuse(self):
+        raise AssertionError("daemonic processes are not allowed to have children")
+
+    monkeypatch.setattr(multiprocessing.context.ForkProcess, "start", refuse)
+    pid, table = Background(_pid_and_table, 4).result()
+    assert pid == os.getpid() and table == _pid_and_table(4)[1]
