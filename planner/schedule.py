@@ -9,6 +9,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import orjson
+
 from planner import api
 from planner.errors import InputError, InputErrors
 from planner.executor import simulate
@@ -76,8 +78,10 @@ def tensor_table(graph: Graph) -> list[dict]:
 
 def dumps_schedule(doc: dict) -> str:
     """Serialise a schedule document: one line per tensor, program step and timeline entry (diff-friendly)."""
-    # One encoder for every line: json.dumps with options builds a new one per call (seconds on 600k lines).
-    item_json = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
+    # orjson for the item lines (a million on a 38.8k-op plan: 3.5 s with the json module's encoder). For these
+    # rows (ints, strings, floats of microseconds) it writes what ``json`` does with sorted keys and no spaces.
+    def item_json(item: dict) -> str:
+        return orjson.dumps(item, option=orjson.OPT_SORT_KEYS).decode()
     lines = ["{"]
     keys = list(doc)
     for k, key in enumerate(keys):
