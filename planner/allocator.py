@@ -253,7 +253,12 @@ def replay_caching(
 def live_end(r: Residency) -> int:
     """The end of ``r``'s live interval: its end, or one past its start for a copy still held at the step's end
     that was allocated at the very end (the executor counts those, so the address checks do too)."""
-    return r.end_ns if r.end_ns > r.start_ns or not r.until_end else r.start_ns + 1
+    return live_end_ns(r.start_ns, r.end_ns, r.until_end)
+
+
+def live_end_ns(start: int, end: int, until_end: bool) -> int:
+    """``live_end`` of a residency given as columns (start, end, held until the step's end)."""
+    return end if end > start or not until_end else start + 1
 
 
 def residency_instances(residencies: Iterable[Residency], tier: str = HBM) -> list[tuple[Residency, int]]:
@@ -299,11 +304,9 @@ def check_offsets(
         name = names[j]
         k = count.get(name, 0)
         count[name] = k + 1
-        start, end = r_starts[j], r_ends[j]
-        if end <= start:
-            if not held[j]:  # zero duration: not checked
-                continue
-            end = start + 1  # live_end(r)
+        start, end = r_starts[j], live_end_ns(r_starts[j], r_ends[j], held[j])
+        if end <= start:  # zero duration: not checked
+            continue
         v = get(name)
         off = v if v is None or isinstance(v, int) else int(v[k]) if k < len(v) else None
         if off is None or off < 0:
@@ -466,5 +469,5 @@ def _overlaps(events: list[int], items: list[tuple[Residency, int]]) -> list[Vio
 
 __all__ = [
     "ALLOC", "FREE", "AllocRecord", "AllocatorReport", "CachingAllocator", "DefragEvent", "check_offsets",
-    "live_end", "offset_of", "replay_caching", "residency_instances", "tier_columns",
+    "live_end", "live_end_ns", "offset_of", "replay_caching", "residency_instances", "tier_columns",
 ]

@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from planner.allocator import offset_of, tier_columns
+from planner.allocator import live_end_ns, offset_of, tier_columns
 from planner.hardware import HBM
 from planner.timeline import Residency
 
@@ -247,7 +247,7 @@ def allocations(residencies: Iterable[Residency], tier: str = HBM) -> Allocation
         k = count.get(names[j], 0)
         count[names[j]] = k + 1
         instance.append(k)
-    live = [e if e > s or not h else s + 1 for s, e, h in zip(starts, ends, held)]
+    live = list(map(live_end_ns, starts, ends, held))
     return Allocations([names[j] for j in rows], instance, [sizes[j] for j in rows], [starts[j] for j in rows],
                        [live[j] for j in rows])
 
@@ -322,8 +322,8 @@ def offsets_by_name(allocs: Allocations, offsets: list[int]) -> dict[str, int | 
     """``Plan.offsets``'s form of one offset per allocation (by index): a name's k-th entry for its k-th residency
     (by start), a single int for a name resident once; names in sorted order."""
     out: dict[str, list[int]] = {}
-    for _name, _k, off in sorted(zip(allocs.names, allocs.instance, offsets)):
-        out.setdefault(_name, []).append(off)
+    for name, _k, off in sorted(zip(allocs.names, allocs.instance, offsets)):
+        out.setdefault(name, []).append(off)
     return {name: (v[0] if len(v) == 1 else v) for name, v in out.items()}
 
 
@@ -336,3 +336,7 @@ def offsets_height(residencies: Iterable[Residency], offsets: dict, tier: str = 
         if off is not None and e > s:
             h = max(h, off + b)
     return h
+
+
+__all__ = ["FITS", "ORDERS", "TRIES", "Allocations", "allocations", "allocations_height", "assign_offsets",
+           "best_fit_offset", "best_fit_run", "offsets_by_name", "offsets_height", "place_allocations", "tries_for"]

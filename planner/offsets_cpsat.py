@@ -29,7 +29,6 @@ from planner.offsets import (
     allocations,
     allocations_height,
     offsets_by_name,
-    offsets_height,
     place_allocations,
     tries_for,
 )
@@ -50,15 +49,17 @@ def fit_offsets(
     """Return offsets (in ``assign_offsets``'s form) with every ``tier`` allocation inside ``[0, capacity)`` and no
     two allocations live at the same time overlapping, or None when CP-SAT finds none within its effort (or the
     timeline has more than ``EXACT_MAX_BLOCKS`` allocations)."""
-    return _fit(allocations(residencies, tier), capacity, effort, time_limit_s)
+    allocs = allocations(residencies, tier)
+    found = _fit(allocs, capacity, effort, time_limit_s)
+    return None if found is None else offsets_by_name(allocs, found)
 
 
-def _fit(allocs: Allocations, capacity: int, effort: float, time_limit_s: float) -> dict[str, int | list[int]] | None:
-    """``fit_offsets`` on a timeline's ``Allocations``."""
+def _fit(allocs: Allocations, capacity: int, effort: float, time_limit_s: float) -> list[int] | None:
+    """``fit_offsets`` on a timeline's ``Allocations``: one offset per allocation (by index), or None."""
     found = [0] * len(allocs.names)
     inst = [i for i, (s, e) in enumerate(zip(allocs.start, allocs.end)) if e > s]
     if not inst:
-        return offsets_by_name(allocs, found)
+        return found
     if len(inst) > EXACT_MAX_BLOCKS or any(allocs.size[i] > capacity for i in inst):
         return None
     times = sorted({allocs.start[i] for i in inst} | {allocs.end[i] for i in inst})
@@ -86,7 +87,7 @@ def _fit(allocs: Allocations, capacity: int, effort: float, time_limit_s: float)
         return None
     for i, y in zip(inst, ys):
         found[i] = solver.value(y) * unit
-    return offsets_by_name(allocs, found)
+    return found
 
 
 def _overlapping_pairs(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -126,5 +127,5 @@ def offsets_within(
     assert best is not None
     exact = _fit(allocs, capacity, EFFORT, time_limit_s)
     if exact is not None:
-        return exact, offsets_height(residencies, exact, tier)
+        return offsets_by_name(allocs, exact), allocations_height(allocs, exact)
     return offsets_by_name(allocs, best[0]), best[1]
