@@ -27,6 +27,7 @@ import bisect
 import numpy as np
 
 from planner.hardware import HBM
+from planner.planners import refine_kernel
 from planner.planners.greedy_select import Context, Gap
 
 
@@ -135,9 +136,13 @@ def place(ctx: Context, gaps: list[Gap], L: np.ndarray, budget: int, prefetch_di
     pd, rd = max(0, prefetch_distance), max(1, release_distance)
     store_end = _store_ends(ctx, gaps)
     latest = _fetch_latest_starts(ctx, gaps)
+    order = sorted(range(len(gaps)), key=lambda k: (gaps[k].a, gaps[k].u, gaps[k].tensor))
+    if len(gaps) > COMPILED_MIN:
+        _place_compiled(ctx, gaps, L, budget, prefetch_distance, release_distance, order, store_end, latest)
+        return
     S = ctx.S_list
     n = ctx.n
-    for k in sorted(range(len(gaps)), key=lambda k: (gaps[k].a, gaps[k].u, gaps[k].tensor)):
+    for k in order:
         gap = gaps[k]
         b = gap.bytes
         lo, u = gap.lo, gap.u
@@ -174,6 +179,34 @@ def place(ctx: Context, gaps: list[Gap], L: np.ndarray, budget: int, prefetch_di
         if q < u:
             L[q:u] += b
         gap.r, gap.q = r, q
+
+
+# Plans of more gaps than this place them with the compiled loop (``refine_kernel``: the same placement).
+COMPILED_MIN = 20_000
+
+
+def _place_compiled(ctx: Context, gaps: list[Gap], L: np.ndarray, budget: int, prefetch_distance: int,
+                    release_distance: int, order: list[int], store_end: dict[int, int], latest: dict[int, int]
+                    ) -> None:
+    """``place``'s loop in ``refine_kernel.place_gaps``, on the gaps' fields as arrays."""
+    m = len(gaps)
+
+    def col(values: list, dtype) -> np.ndarray:
+        return np.array(values, dtype=dtype).reshape(m)
+
+    table = ctx.table
+    index = col([g.index for g in gaps], np.int64)
+    r, q, kept = refine_kernel.place_gaps(
+        np.array(order, dtype=np.int64), table.a[index], table.u[index], table.lo[index], table.nbytes[index],
+        col([g.needs_store for g in gaps], bool), table.fetches[index], table.pre_absent[index],
+        ~(table.mandatory[index] | table.pre_absent[index] | table.wrap[index]), table.redo[index],
+        col([store_end.get(k, 0) for k in range(m)], np.int64), col([latest.get(k, 0) for k in range(m)], np.int64),
+        col([k in latest for k in range(m)], bool), ctx.S, L, budget, prefetch_distance, release_distance)
+    for gap, gr, gq, gk in zip(gaps, r.tolist(), q.tolist(), kept.tolist()):
+        if gk:
+            gap.selected = False
+        else:
+            gap.r, gap.q = gr, gq
 
 
 def _first_over(counts: np.ndarray, limit: int, none: int) -> int:
