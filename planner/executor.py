@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from planner.allocator import ALLOC, FREE, AllocatorReport, check_offsets, replay_caching
+from planner.allocator import ALLOC, FREE, AllocatorReport, check_offsets, replay_caching_columns
 from planner.cost import op_durations_ns, transfer_duration_ns
 from planner.gc_pause import gc_paused
 from planner.graph import Graph
@@ -78,7 +78,9 @@ def _simulate(graph: Graph, hw: Hardware, plan: Plan, durations_ns: dict[str, in
         replayed.violations.extend(off_violations)
         extra = {"allocator": "static", "offset_height_bytes": height}
     elif caching:
-        report = replay_caching(replayed.hbm_log(), hw.hbm_bytes, hw.hbm_bandwidth_Bps)
+        log_times, ops, aids, steps = replayed.hbm_log_columns()
+        report = replay_caching_columns(log_times, ops, aids, np.asarray(prog.alloc_bytes, dtype=np.int64)[aids], steps,
+                                        prog.alloc_names, hw.hbm_bytes, hw.hbm_bandwidth_Bps)
         if report.defrags:
             # One re-run of the timing with the compaction delays; the allocator's counts are those of the replay
             # before the delays (the delays are assumed not to reorder allocations). See docs/planners.md.
@@ -415,6 +417,15 @@ class _Replayed:
         time (the order of frees at one time does not change what is free after them), allocations in their
         sequence, and those of the tensors that start on HBM before everything. Made from the arrays after the
         replay: a record per event made in the replay's loop was a third of its time (0.4M on a 38.8k-op plan)."""
+        t, op, aid, st = self.hbm_log_columns()
+        a, st = aid.tolist(), st.tolist()
+        names, sizes = self.prog.alloc_names, self.prog.alloc_bytes
+        # Plain tuples in the order of AllocRecord's fields (a NamedTuple made per record costs twice as much).
+        return list(zip(t.tolist(), op.tolist(), [names[x] for x in a], [sizes[x] for x in a],
+                        [None if x < 0 else x for x in st]))
+
+    def hbm_log_columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``hbm_log`` as arrays: (times, ops, allocation ids into ``prog.alloc_names``, steps or -1)."""
         prog = self.prog
         hbm = self.tier == prog.hbm
         seq, start, end, aid, step = self.seq[hbm], self.start[hbm], self.end[hbm], self.aid[hbm], self.step[hbm]
@@ -425,12 +436,8 @@ class _Replayed:
         prio = np.concatenate((np.where(step < 0, -1, 1), np.zeros(m, dtype=np.int64)))
         order = np.lexsort((np.concatenate((seq, seq[freed])), prio, t))
         op = np.concatenate((np.full(n, ALLOC, dtype=np.int64), np.full(m, FREE, dtype=np.int64)))[order]
-        a = np.concatenate((aid, aid[freed]))[order].tolist()
-        st = np.concatenate((step, np.full(m, -1, dtype=np.int64)))[order].tolist()
-        names, sizes = prog.alloc_names, prog.alloc_bytes
-        # Plain tuples in the order of AllocRecord's fields (a NamedTuple made per record costs twice as much).
-        return list(zip(t[order].tolist(), op.tolist(), [names[x] for x in a], [sizes[x] for x in a],
-                        [None if x < 0 else x for x in st]))
+        return (t[order].astype(np.int64), op, np.concatenate((aid, aid[freed]))[order].astype(np.int64),
+                np.concatenate((step, np.full(m, -1, dtype=np.int64)))[order].astype(np.int64))
 
 
 def _events(prog: _Program, arrays: tuple[np.ndarray, np.ndarray]) -> tuple[list[int], list[int], list[int]]:
