@@ -49,6 +49,7 @@ from planner.graph import AUTO, Graph
 from planner.hardware import HBM, Hardware
 from planner.orders import named_order
 from planner.plan import Plan
+from planner.planners import greedy_kernel
 
 
 @dataclass(frozen=True)
@@ -452,6 +453,8 @@ class Context:
 
 # Slots summed first when booking a transfer on the link calendar (then 4x more at a time).
 TAKE_CHUNK = 64
+# Graphs of more ops than this book transfers in a compiled loop (``greedy_kernel.take_slots``: the same booking).
+COMPILED_MIN_OPS = 5000
 # ``LinkCalendar``'s ``at`` for a gap taken for every op over the budget in its span, not for one op.
 OVER_BUDGET = -1
 
@@ -475,6 +478,7 @@ class LinkCalendar:
     def __init__(self, ctx: Context, budget: int | None = None) -> None:
         self.ctx = ctx
         self.free = {ln.name: ctx.dur * ln.channels for ln in ctx.hw.links}
+        self.compiled = ctx.n > COMPILED_MIN_OPS
         # The ops over ``budget`` with nothing offloaded: a tensor that relieves them is off HBM while they run.
         self.over = np.flatnonzero(ctx.base > budget) if budget is not None else np.zeros(0, dtype=np.int64)
 
@@ -526,6 +530,12 @@ class LinkCalendar:
     def book(self, gap: Gap, at: int | None = None) -> None:
         store, ts, fetch, tf = self.links(gap)
         s_lo, s_hi, f_lo, f_hi = self._windows(gap, at)
+        if self.compiled:
+            if store is not None:
+                greedy_kernel.take_slots(self.free[store], s_lo, s_hi, ts, False)
+            if fetch is not None:
+                greedy_kernel.take_slots(self.free[fetch], f_lo, f_hi, tf, True)
+            return
         if store is not None:
             self._take(self.free[store][s_lo:s_hi], ts)
         if fetch is not None:

@@ -27,7 +27,7 @@ import bisect
 import numpy as np
 
 from planner.hardware import HBM
-from planner.planners import refine_kernel
+from planner.planners import greedy_kernel
 from planner.planners.greedy_select import Context, Gap
 
 
@@ -181,14 +181,14 @@ def place(ctx: Context, gaps: list[Gap], L: np.ndarray, budget: int, prefetch_di
         gap.r, gap.q = r, q
 
 
-# Plans of more gaps than this place them with the compiled loop (``refine_kernel``: the same placement).
+# Plans of more gaps than this place them with the compiled loop (``greedy_kernel``: the same placement).
 COMPILED_MIN = 20_000
 
 
 def _place_compiled(ctx: Context, gaps: list[Gap], L: np.ndarray, budget: int, prefetch_distance: int,
                     release_distance: int, order: list[int], store_end: dict[int, int], latest: dict[int, int]
                     ) -> None:
-    """``place``'s loop in ``refine_kernel.place_gaps``, on the gaps' fields as arrays."""
+    """``place``'s loop in ``greedy_kernel.place_gaps``, on the gaps' fields as arrays."""
     m = len(gaps)
 
     def col(values: list, dtype) -> np.ndarray:
@@ -196,7 +196,7 @@ def _place_compiled(ctx: Context, gaps: list[Gap], L: np.ndarray, budget: int, p
 
     table = ctx.table
     index = col([g.index for g in gaps], np.int64)
-    r, q, kept = refine_kernel.place_gaps(
+    r, q, kept = greedy_kernel.place_gaps(
         np.array(order, dtype=np.int64), table.a[index], table.u[index], table.lo[index], table.nbytes[index],
         col([g.needs_store for g in gaps], bool), table.fetches[index], table.pre_absent[index],
         ~(table.mandatory[index] | table.pre_absent[index] | table.wrap[index]), table.redo[index],

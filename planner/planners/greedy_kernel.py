@@ -1,9 +1,13 @@
-"""The compiled loop of greedy's refinement (``planner/planners/refine.py``'s ``place``), for large plans.
+"""Greedy's inner loops compiled, for large graphs: each does what a Python loop of greedy does, on arrays.
 
-``place_gaps`` does what ``refine.place`` does gap by gap, on arrays: on the 38.8k-op inference graph greedy places
-155k gaps three times per plan (placing gives gaps up, and the copies are resolved again), and the Python loop,
-each gap scanning the HBM count over its span, took 1.5-2 s a time. Small plans keep the Python loop: numba's
-first compile (a few seconds, once per install, then cached beside the module) would cost more than it saves.
+* ``place_gaps``: the refinement (``planner/planners/refine.py``'s ``place``). On the 38.8k-op inference graph
+  greedy places 155k gaps three times per plan (placing gives gaps up, and the copies are resolved again), and
+  the Python loop, each gap scanning the HBM count over its span, took 1.5-2 s a time.
+* ``take_slots``: booking a transfer on the link calendar (``greedy_select.LinkCalendar``), 170k times per
+  selection there, each a few numpy calls in Python.
+
+Small graphs keep the Python loops: numba's first compile (a few seconds, once per install, then cached beside
+the module) would cost more than it saves.
 """
 
 from __future__ import annotations
@@ -105,3 +109,19 @@ def place_gaps(order, a, u, lo, nbytes, needs_store, fetches, pre_absent, keepab
         r_out[k] = r
         q_out[k] = q
     return r_out, q_out, kept
+
+
+@njit(cache=True)
+def take_slots(free, lo, hi, need, backward):  # pragma: no cover - compiled
+    """Use ``need`` ns of the slots ``free[lo:hi]``, first slots first (the last first when ``backward``), as
+    ``LinkCalendar._take`` does."""
+    if need <= 0:
+        return
+    for k in range(hi - lo):
+        i = hi - 1 - k if backward else lo + k
+        f = free[i]
+        if f >= need:
+            free[i] = f - need
+            return
+        need -= f
+        free[i] = 0
