@@ -10,6 +10,9 @@ The free blocks are kept twice, as sorted arrays: by (size, start), where best f
 fits, the lowest address on a tie), and by start, where a freed block finds its free neighbours. Inserting and
 removing move the tail of an array, which compiled is cheaper than any tree at the few thousand free blocks a
 fragmented arena has.
+
+Each compiled module is self-contained (its own binary searches): numba's cache notices changes to a function's own
+file only, so a compiled helper shared with another module could leave that module's cached code stale.
 """
 
 from __future__ import annotations

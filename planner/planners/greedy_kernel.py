@@ -8,6 +8,9 @@
 
 Small graphs keep the Python loops: numba's first compile (a few seconds, once per install, then cached beside
 the module) would cost more than it saves.
+
+Each compiled module is self-contained (its own binary searches): numba's cache notices changes to a function's own
+file only, so a compiled helper shared with another module could leave that module's cached code stale.
 """
 
 from __future__ import annotations
