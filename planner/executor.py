@@ -395,7 +395,7 @@ _START_EVENT = np.array([_E_OP_START, _E_PREFETCH_START, _E_STORE_START, _E_DETA
 class _Replayed:
     """What the replay found: the residencies in allocation order, as arrays (``residencies()`` makes the
     objects, only for the run the Timeline keeps; ``step``: the step whose start made each, -1 before the step),
-    and the violations. ``hbm_log()`` gives the HBM allocation log for the caching allocator."""
+    and the violations. ``hbm_log_columns()`` gives the HBM allocation log for the caching allocator."""
 
     prog: _Program
     tier: np.ndarray
@@ -412,20 +412,12 @@ class _Replayed:
         return Residencies(prog.tiers, prog.alloc_names, prog.alloc_kinds, prog.alloc_bytes, self.tier, self.aid,
                            self.start, self.end, self.until_end, self.seq)
 
-    def hbm_log(self) -> list[tuple[int, int, str, int, int | None]]:
-        """The HBM allocations and frees in the order the replay made them: by time, frees before allocations at a
-        time (the order of frees at one time does not change what is free after them), allocations in their
-        sequence, and those of the tensors that start on HBM before everything. Made from the arrays after the
-        replay: a record per event made in the replay's loop was a third of its time (0.4M on a 38.8k-op plan)."""
-        t, op, aid, st = self.hbm_log_columns()
-        a, st = aid.tolist(), st.tolist()
-        names, sizes = self.prog.alloc_names, self.prog.alloc_bytes
-        # Plain tuples in the order of AllocRecord's fields (a NamedTuple made per record costs twice as much).
-        return list(zip(t.tolist(), op.tolist(), [names[x] for x in a], [sizes[x] for x in a],
-                        [None if x < 0 else x for x in st]))
-
     def hbm_log_columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``hbm_log`` as arrays: (times, ops, allocation ids into ``prog.alloc_names``, steps or -1)."""
+        """The HBM allocations and frees in the order the replay made them, as arrays (times, ``ALLOC`` or ``FREE``,
+        allocation ids into ``prog.alloc_names``, steps or -1): by time, frees before allocations at a time (the
+        order of frees at one time does not change what is free after them), allocations in their sequence, and
+        those of the tensors that start on HBM before everything. Made from the arrays after the replay: a record
+        per event made in the replay's loop was a third of its time (0.4M on a 38.8k-op plan)."""
         prog = self.prog
         hbm = self.tier == prog.hbm
         seq, start, end, aid, step = self.seq[hbm], self.start[hbm], self.end[hbm], self.aid[hbm], self.step[hbm]
