@@ -143,13 +143,15 @@ def answers_of(recompute: bool | str = True, offload: bool | str = True) -> Answ
 def auto_contexts(graph: Graph, hw: Hardware, answers: Answers | None = None, searched: bool = True
                   ) -> list[Context]:
     """The orders greedy's ``auto`` plans, each prepared once: ``auto`` and, when they differ from it, the
-    ``lowest-peak`` and ``store-release`` orders. Moving the store-back releases up can cost more offloading under
-    a tight budget than it saves in link time (transformer_block at 1 GB: 151.6 against 132.2 ms), and running
-    layer by layer across micro-batches more still, for much less link-bound time when the budget allows. On graphs
+    ``lowest-peak``, ``store-release`` and ``sources-first`` orders (the last: a table read by each chunk's
+    embedding leaves HBM after the first reads instead of coming back for every chunk). Moving the store-back
+    releases up can cost more offloading under a tight budget than it saves in link time (transformer_block at 1 GB:
+    151.6 against 132.2 ms), and running layer by layer across micro-batches more still, for much less link-bound
+    time when the budget allows; running the sources first holds their outputs longer. On graphs
     up to ``SEARCH_MAX_OPS`` ops whose orders all peak over the budget, also the ``searched`` order
     (``planner/order_search.py``) when it peaks at least ``SEARCH_GAIN`` lower."""
     out = [Context(graph, hw, "auto", answers)]
-    for name in ("lowest-peak", "store-release"):
+    for name in ("lowest-peak", "store-release", "sources-first"):
         if all(named_order(graph, name) != c.order for c in out):
             out.append(Context(graph, hw, name, answers))
     # Under memory pressure, the searched order too when it peaks lower: less is left to move or re-run.
