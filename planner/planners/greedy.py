@@ -68,6 +68,9 @@ REFINE_MAX_OPS = 5000
 # Greedy's auto orders include the searched one (planner/order_search.py, a few seconds at 5,000 ops) up to this size.
 SEARCH_MAX_OPS = 5000
 SEARCH_GAIN = 0.01  # and only when it lowers their lowest peak by at least this share (else one more order to plan)
+# Greedy's auto orders include sources-first up to this size: each order costs a whole greedy run, and on the paper's
+# full-size inference graphs (29k and 38.8k ops, where it differs from auto) greedy must stay under 30 s.
+SOURCES_FIRST_MAX_OPS = 5000
 REFINE_RETRIES = 3
 # How fast best fit's offset height over the plan's peak grows as the planning budget drops, per unit of budget
 # share (the 29k-op DeepSeek-V3 NSA inference graph at 53.8 GB: 1.0397, 1.0560, 1.0759 at 53.8, 51.2, 49.4 GB, 0.34
@@ -143,15 +146,17 @@ def answers_of(recompute: bool | str = True, offload: bool | str = True) -> Answ
 def auto_contexts(graph: Graph, hw: Hardware, answers: Answers | None = None, searched: bool = True
                   ) -> list[Context]:
     """The orders greedy's ``auto`` plans, each prepared once: ``auto`` and, when they differ from it, the
-    ``lowest-peak``, ``store-release`` and ``sources-first`` orders (the last: a table read by each chunk's
-    embedding leaves HBM after the first reads instead of coming back for every chunk). Moving the store-back
-    releases up can cost more offloading under a tight budget than it saves in link time (transformer_block at 1 GB:
-    151.6 against 132.2 ms), and running layer by layer across micro-batches more still, for much less link-bound
-    time when the budget allows; running the sources first holds their outputs longer. On graphs
-    up to ``SEARCH_MAX_OPS`` ops whose orders all peak over the budget, also the ``searched`` order
-    (``planner/order_search.py``) when it peaks at least ``SEARCH_GAIN`` lower."""
+    ``lowest-peak``, ``store-release`` and (up to ``SOURCES_FIRST_MAX_OPS`` ops) ``sources-first`` orders (the last:
+    a table read by each chunk's embedding leaves HBM after the first reads instead of coming back for every
+    chunk). Moving the store-back releases up can cost more offloading under a tight budget than it saves in link
+    time (transformer_block at 1 GB: 151.6 against 132.2 ms), and running layer by layer across micro-batches more
+    still, for much less link-bound time when the budget allows; running the sources first holds their outputs
+    longer. On graphs up to ``SEARCH_MAX_OPS`` ops whose orders all peak over the budget, also the ``searched``
+    order (``planner/order_search.py``) when it peaks at least ``SEARCH_GAIN`` lower."""
     out = [Context(graph, hw, "auto", answers)]
     for name in ("lowest-peak", "store-release", "sources-first"):
+        if name == "sources-first" and len(graph.ops) > SOURCES_FIRST_MAX_OPS:
+            continue
         if all(named_order(graph, name) != c.order for c in out):
             out.append(Context(graph, hw, name, answers))
     # Under memory pressure, the searched order too when it peaks lower: less is left to move or re-run.
