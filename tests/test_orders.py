@@ -166,6 +166,16 @@ def test_the_sources_first_order_reads_a_shared_table_once_for_every_chunk():
     assert simulate(g, hw, plan_greedy(g, hw)).metrics.makespan_ns <= first.metrics.makespan_ns
 
 
+def test_greedy_plans_sources_first_only_up_to_its_size_limit(monkeypatch):
+    from planner.planners import greedy
+
+    g = prefill_graph()
+    hw = simple_hardware(hbm=2300)
+    assert "sources-first" in [c.order_name for c in greedy.auto_contexts(g, hw)]
+    monkeypatch.setattr(greedy, "SOURCES_FIRST_MAX_OPS", len(g.ops) - 1)
+    assert "sources-first" not in [c.order_name for c in greedy.auto_contexts(g, hw)]
+
+
 def test_without_sources_that_share_a_read_the_order_is_auto():
     g = training_graph()  # one source op (F0), which shares its weight with no other source
     assert named_order(g, "sources-first") == named_order(g, "auto")
