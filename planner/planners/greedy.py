@@ -157,7 +157,8 @@ def auto_contexts(graph: Graph, hw: Hardware, answers: Answers | None = None, se
     for name in ("lowest-peak", "store-release", "sources-first"):
         if name == "sources-first" and len(graph.ops) > SOURCES_FIRST_MAX_OPS:
             continue
-        if all(named_order(graph, name) != c.order for c in out):
+        order = named_order(graph, name)  # once, not once per context it is compared with
+        if all(order != c.order for c in out):
             out.append(Context(graph, hw, name, answers))
     # Under memory pressure, the searched order too when it peaks lower: less is left to move or re-run.
     if searched and len(graph.ops) <= SEARCH_MAX_OPS:
