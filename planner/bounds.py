@@ -247,7 +247,9 @@ def makespan_bounds(graph: Graph, hw: Hardware, recompute: bool = True) -> list[
             if droppable.any():
                 start, redo_ns = _cheapest_split(excess_store, store_rate, max(anc_ns, fetch_ns), remade_by[droppable],
                                                  size[droppable], dur)
-        tail_ns = float(dur[o]) + float(dur[d].sum())
+        # The re-runs are compute after o: they add to the compute that follows it, not to the fetches back
+        # below, which the links run beside them.
+        tail_ns = redo_ns + float(dur[o]) + float(dur[d].sum())
         if excess > 0 and fetch_rate > 0 and d.any() and len(user_t):
             # What is off HBM when o starts and read by a descendant comes back after o starts (a fetch in flight
             # holds its HBM already), over the fetch links, before that descendant runs. The tensors o works on
@@ -258,7 +260,7 @@ def makespan_bounds(graph: Graph, hw: Hardware, recompute: bool = True) -> list[
             back = excess - float(size[no_fetch].sum())
             if back > 0:
                 tail_ns = max(tail_ns, back / fetch_rate * 1e9 + float(dur[d].min()))
-        value = start + redo_ns + tail_ns
+        value = start + tail_ns
         if value > best:
             best, best_op = value, op.name
     if best_op is not None:
