@@ -30,8 +30,16 @@ def largest_working_set(graph: Graph) -> tuple[int, str]:
     """
     got = graph.home_free.get("largest_working_set")
     if got is None:
-        best = max(graph.ops, key=lambda op: (graph.working_set(op), -graph.op_index[op.name]))
-        got = graph.home_free["largest_working_set"] = (graph.working_set(best), best.name)
+        # ``Graph.working_set`` inline: this runs before every plan, over 1.3M reads on the 38.8k-op graph.
+        size = {name: t.bytes for name, t in graph.tensors.items()}.__getitem__
+        got = (-1, "")
+        for op in graph.ops:
+            names = set(op.reads)
+            names.update(op.outputs)
+            ws = sum(map(size, names)) + op.workspace_bytes
+            if ws > got[0]:  # the first op of the largest, as before
+                got = (ws, op.name)
+        got = graph.home_free["largest_working_set"] = got if graph.ops else (0, "")
     return got
 
 
@@ -53,10 +61,10 @@ def initial_hbm_bytes(graph: Graph) -> int:
     are never needed can be dropped at once and do not count; tensors whose starting tier the planner chooses
     (home ``auto``) do not count either (they may start remote).
     """
-    used = {t for op in graph.ops for t in op.reads}
+    users = graph.users  # cached per graph: a set of every op's reads costs 0.6 s on the 38.8k-op graph
     return sum(
         t.bytes for name, t in graph.tensors.items()
-        if name not in graph.producer and t.home == HBM and (t.persistent or name in used)
+        if name not in graph.producer and t.home == HBM and (t.persistent or users[name])
     )
 
 

@@ -53,7 +53,7 @@ from planner.planned import Planned, place_statically
 from planner.planners.greedy_remat import chains_apply, plan_remat_chains
 from planner.planners.greedy_select import Answers, Context, Gap, cover_all, select_gaps
 from planner.planners.none import plan_none
-from planner.planners.refine import place, resolve_copies
+from planner.planners.refine import place, resolve_copies, room_never_binds
 from planner.timeline import Timeline
 from planner.units import format_bytes_exact, format_time_us
 
@@ -573,9 +573,12 @@ def build_plan(ctx: Context, settings: Settings, budget: int, name: str = "greed
         settings.release_distance, answers, cut_windows,
     )
     # Resolve the copies, count, place; placing may give gaps up, and a gap given up may have held the remote
-    # copy a later gap of its tensor relied on, so resolve and place again until no gap is given up.
+    # copy a later gap of its tensor relied on, so resolve and place again until no gap is given up (deciding
+    # again only for those tensors when other tensors' copies cannot change theirs: ``room_never_binds``).
+    independent = room_never_binds(ctx, gaps)
+    redo: set[str] | None = None  # every tensor
     while True:
-        notes = resolve_copies(ctx, gaps)
+        notes = resolve_copies(ctx, gaps, redo)
         gaps = [g for g in gaps if g.selected]
         L = ctx.base.copy()
         cover_all(L, np.array([g.lo for g in gaps], dtype=np.int64), np.array([g.hi for g in gaps], dtype=np.int64),
@@ -585,6 +588,7 @@ def build_plan(ctx: Context, settings: Settings, budget: int, name: str = "greed
         place(ctx, gaps, L, budget, settings.prefetch_distance, settings.release_distance)
         if all(g.selected for g in gaps):
             break
+        redo = {g.tensor for g in gaps if not g.selected} if independent else None
         gaps = [g for g in gaps if g.selected]
     status = PlanStatus.FEASIBLE
     initial = initial_hbm_bytes(ctx.graph)

@@ -4,6 +4,7 @@ beat the reactive runtime where it stalls, respect tiers and in-place updates, a
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
@@ -207,6 +208,51 @@ def test_a_copy_made_before_an_in_place_update_is_stored_again():
     # The second store comes after the update, and the prefetch before op8 reads that fresh copy.
     fetch = max(i for i, s in enumerate(plan.steps) if s.kind is StepKind.PREFETCH and s.target == "w")
     assert max(stores) < fetch < pos["op8"]
+
+
+def reads_graph() -> Graph:
+    """w0 and w1 (300 B each, on HBM) are each read by op0, op3 and op6; the 200-byte activations between leave
+    no room for them, so each has two mid gaps, and the second reuses the copy the first stored."""
+    us = 1e-6
+    t = [Tensor("x", 10, TensorKind.INPUT), Tensor("w0", 300, TensorKind.WEIGHT),
+         Tensor("w1", 300, TensorKind.WEIGHT)]
+    ops = []
+    for i in range(7):
+        t.append(Tensor(f"a{i}", 200, TensorKind.OUTPUT if i == 6 else TensorKind.ACTIVATION))
+        inputs = ("x",) if i == 0 else (f"a{i - 1}",)
+        ops.append(Op(f"op{i}", "F", inputs + (("w0", "w1") if i % 3 == 0 else ()), (f"a{i}",), duration_s=us))
+    return Graph.build("reads", t, ops)
+
+
+def copies(gaps) -> list[tuple]:
+    return [(g.tensor, g.a, g.u, g.needs_store, g.store_tier, g.fetch_tier) for g in gaps]
+
+
+def test_copies_decided_again_for_the_given_up_gaps_tensors_only_are_those_of_a_full_decision():
+    from planner.planners.greedy_select import Context
+    from planner.planners.refine import resolve_copies, room_never_binds
+
+    g = reads_graph()
+    ctx = Context(g, simple_hardware(hbm=900))
+    gaps = [gap for gap in ctx.gaps if gap.recompute is None and 0 <= gap.a and gap.u < ctx.n]
+    assert {gap.tensor for gap in gaps} >= {"w0", "w1"}
+    for gap in gaps:
+        gap.selected = True
+    assert room_never_binds(ctx, gaps)
+    resolve_copies(ctx, gaps)
+    before = copies(gaps)
+    # Placing gives up w0's first gap, whose Store the second relied on.
+    first = min((gap for gap in gaps if gap.tensor == "w0"), key=lambda gap: gap.a)
+    assert first.needs_store
+    kept = [gap for gap in gaps if gap is not first]
+    resolve_copies(ctx, kept, {"w0"})
+    partial = copies(kept)
+    assert partial != [c for c in before if c[:3] != (first.tensor, first.a, first.u)]  # w0's second gap stores now
+    resolve_copies(ctx, kept)
+    assert copies(kept) == partial
+    # A remote tier too small for a copy of every tensor: other tensors' copies may change a tensor's.
+    small = replace(ctx.hw, tiers=(ctx.hw.tiers[0], replace(ctx.hw.tiers[1], capacity_bytes=500)))
+    assert not room_never_binds(Context(g, small), gaps)
 
 
 def test_infeasible_below_the_lower_bound_says_why():
