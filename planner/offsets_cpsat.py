@@ -107,12 +107,14 @@ __all__ = ["EXACT_MAX_BLOCKS", "fit_offsets", "offsets_within"]
 
 
 def offsets_within(
-    residencies: Iterable[Residency], capacity: int, tier: str = HBM, time_limit_s: float = 10.0
+    residencies: Iterable[Residency], capacity: int, tier: str = HBM, time_limit_s: float = 10.0,
+    effort: float = EFFORT,
 ) -> tuple[dict[str, int | list[int]], int]:
     """Return (offsets, their height) within ``capacity`` when one of these finds them, tried in turn: the
     (order, fit) pairs of ``assign_offsets`` (``tries_for``: all eight on timelines of up to ``EVERY_TRY_MAX``
-    allocations, fewer above), then CP-SAT's exact assignment (timelines of up to a few hundred
-    allocations). Otherwise the lowest offsets found, whose height is then above ``capacity``."""
+    allocations, fewer above), then CP-SAT's exact assignment within ``effort`` (deterministic seconds; timelines
+    of up to a few hundred allocations). Otherwise the lowest offsets found, whose height is then above
+    ``capacity``."""
     if not isinstance(residencies, Sized):
         residencies = list(residencies)
     allocs = allocations(residencies, tier)
@@ -125,7 +127,7 @@ def offsets_within(
         if best is None or height < best[1]:
             best = (offs, height)
     assert best is not None
-    exact = _fit(allocs, capacity, EFFORT, time_limit_s)
-    if exact is not None:
-        return offsets_by_name(allocs, exact), allocations_height(allocs, exact)
+    fitted = _fit(allocs, capacity, effort, time_limit_s) if effort > 0 else None
+    if fitted is not None:
+        return offsets_by_name(allocs, fitted), allocations_height(allocs, fitted)
     return offsets_by_name(allocs, best[0]), best[1]

@@ -26,13 +26,14 @@ class Planned:
     timeline: Timeline
 
 
-def place_statically(graph: Graph, hw: Hardware, plan: Plan, timed: Timeline, time_limit_s: float = 10.0
-                     ) -> tuple[Planned | None, int]:
+def place_statically(graph: Graph, hw: Hardware, plan: Plan, timed: Timeline, time_limit_s: float = 10.0,
+                     found: tuple[dict[str, int | list[int]], int] | None = None) -> tuple[Planned | None, int]:
     """Give ``plan`` static HBM offsets for its allocator-free run ``timed`` (``offsets_within``: the heuristic's
     (order, fit) pairs, else the exact model). Return (the plan with its offsets and its full timeline, or None
     when they do not fit the HBM budget; the offsets' height). Greedy and cpsat both place this way, and fall
-    back to the caching allocator themselves when it returns None."""
-    offs, height = offsets_within(timed.residencies, hw.hbm_bytes, time_limit_s=time_limit_s)
+    back to the caching allocator themselves when it returns None. ``found``: ``offsets_within``'s answer for
+    ``timed`` when the caller has it already (the executor checks the offsets either way)."""
+    offs, height = found or offsets_within(timed.residencies, hw.hbm_bytes, time_limit_s=time_limit_s)
     if height > hw.hbm_bytes:
         return None, height
     static = replace(plan, offsets=offs)

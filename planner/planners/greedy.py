@@ -34,6 +34,7 @@ It reports ``status=PlanStatus.INFEASIBLE`` with a note when no plan can fit: th
 
 from __future__ import annotations
 
+import bisect
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
@@ -46,6 +47,7 @@ from planner.executor import simulate
 from planner.gc_pause import gc_paused
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
+from planner.offsets_cpsat import EFFORT, offsets_within
 from planner.orders import live_bytes, named_order
 from planner.placement import plan_placement
 from planner.plan import COMPUTE, Plan, PlanStatus, ProgramBuilder
@@ -72,6 +74,10 @@ SEARCH_GAIN = 0.01  # and only when it lowers their lowest peak by at least this
 # full-size inference graphs (29k and 38.8k ops, where it differs from auto) greedy must stay under 30 s.
 SOURCES_FIRST_MAX_OPS = 5000
 REFINE_RETRIES = 3
+# The exact offsets' effort (CP-SAT deterministic seconds) for a plan with early fetches, which is kept only when its
+# offsets fit: a third of the placement's, so that a plan whose offsets do not fit costs little (up to 2 s each
+# on transformer_block's timelines at the full effort, in every point of cpsat's starting sweep).
+EARLY_OFFSETS_EFFORT = EFFORT / 3
 # How fast best fit's offset height over the plan's peak grows as the planning budget drops, per unit of budget
 # share (the 29k-op DeepSeek-V3 NSA inference graph at 53.8 GB: 1.0397, 1.0560, 1.0759 at 53.8, 51.2, 49.4 GB, 0.34
 # then 0.57; the 38.8k-op one: 1.0489, 1.0838, 1.1125 at 53.8, 50.8, 47.4 GB, 0.62 then 0.46). Used for the first
@@ -296,7 +302,7 @@ def _placed_from(ctx: Context, settings: Settings, offsets: bool, name: str, dea
     # beside the first plan (``first_replan``), cannot know them: it gives every answer the context allows, jointly.
     only = None if refine else answers
     fresh = True  # the attempt's plan is valid: ``placed`` and ``height`` are its static offsets' outcome
-    placed, height = place_statically(g, hw, plan, timeline)
+    placed, height = place_statically(g, hw, plan, timeline, found=_offsets(ctx, timeline))
     cut = False  # the deadline, a wall clock, stopped the replanning: another run may plan differently
     while True:
         if fresh:
@@ -429,7 +435,7 @@ def _replan(ctx: Context, settings: Settings, budget: int, name: str, only: Answ
     plan, timeline, _, _ = _plan_checked(ctx, settings, budget, name, only, windows_cut)
     if plan.status != PlanStatus.FEASIBLE or not timeline.valid:
         return False, None, 0
-    placed, height = place_statically(ctx.graph, ctx.hw, plan, timeline)
+    placed, height = place_statically(ctx.graph, ctx.hw, plan, timeline, found=_offsets(ctx, timeline))
     return True, placed, height
 
 
@@ -481,6 +487,13 @@ def _plan_checked(ctx: Context, settings: Settings, budget: int, name: str, only
     too (when the selection's plan is not valid, or on graphs of up to ``CHAINS_MAX_OPS`` ops): the selection
     recomputes at depth 1 only and finds no remat plan on Checkmate's random graphs.
 
+    On graphs of up to ``REFINE_MAX_OPS`` ops the best of these is also emitted with early Prefetches (each waits
+    only for the Detaches of its slot it needs room from, ``emit``): the optimizer phase of a training step fetches
+    the next states while the last ones are still being stored (transformer_block at 1 GB: 132.2 -> 114.4 ms,
+    deepseek-v3-paper at 90% of its peak 2335.4 -> 1988.4 ms); where the earlier fetches crowd the links or HBM
+    they lose, so both are timed. Above that size the first is kept: on the 38.8k-op inference graph the early one
+    was slower and needed a third plan for its offsets to fit.
+
     On graphs of up to ``REFINE_MAX_OPS`` ops the selection with its link windows uncut is a variant too: the cut
     keeps optimizer states from being offloaded behind the passes that fill HBM (LLaMA-3-8B training at 33.6 GB/s:
     470.1 ms uncut, 350.7 ms cut), but where most ops are over the budget it leaves the distance rule little to
@@ -513,6 +526,14 @@ def _plan_checked(ctx: Context, settings: Settings, budget: int, name: str, only
             checked = _checked(ctx, uncut)
             if checked[0] < best[0]:
                 best = (*checked, best[3], False)
+    if not best[0][0] and ctx.n <= REFINE_MAX_OPS and ctx.tiers:
+        early = build_plan(ctx, settings, budget, name, best[3], cut_windows=best[4], early_fetches=True)
+        if early.steps != best[1].steps:
+            checked = _checked(ctx, early)
+            # Only where best fit finds its offsets at once: the earlier fetches overlap more allocations, and
+            # offsets that need the exact model or a lower planning budget cost more than they gain.
+            if checked[0] < best[0] and _offsets(ctx, checked[2], EARLY_OFFSETS_EFFORT)[1] <= ctx.hw.hbm_bytes:
+                best = (*checked, best[3], best[4])
     if answers.recompute and (best[0][0] or ctx.n <= CHAINS_MAX_OPS) and chains_apply(ctx):
         chains = _chains_plan(ctx, settings, budget, name)
         if chains is not None:
@@ -520,6 +541,20 @@ def _plan_checked(ctx: Context, settings: Settings, budget: int, name: str, only
             if checked[0] < best[0]:
                 best = (*checked, None, best[4])
     return best[1], best[2], best[3], best[4]
+
+
+def _offsets(ctx: Context, timeline: Timeline, effort: float = EFFORT) -> tuple[dict[str, int | list[int]], int]:
+    """``offsets_within`` for ``timeline``'s allocations at the full budget (its exact model within ``effort``),
+    computed once per timeline: the early fetches' plans are checked for offsets before they are kept, and placed
+    with them after."""
+    key = id(timeline.residencies)
+    got = ctx.offsets_found.get(key)
+    if got is None or got[0] is not timeline.residencies:  # an id is reused once its object is gone
+        while len(ctx.offsets_found) >= 2:  # the last two: a plan's timeline is placed right after it is checked
+            del ctx.offsets_found[next(iter(ctx.offsets_found))]
+        got = ctx.offsets_found[key] = (timeline.residencies,
+                                        offsets_within(timeline.residencies, ctx.hw.hbm_bytes, effort=effort))
+    return got[1]
 
 
 def _chains_plan(ctx: Context, settings: Settings, budget: int, name: str, addresses: bool = False) -> Plan | None:
@@ -564,9 +599,10 @@ def _checked(ctx: Context, plan: Plan) -> tuple[tuple, Plan, Timeline]:
 
 
 def build_plan(ctx: Context, settings: Settings, budget: int, name: str = "greedy", answers: Answers | None = None,
-               cut_windows: bool = True) -> Plan:
+               cut_windows: bool = True, early_fetches: bool = False) -> Plan:
     """Select, refine and emit (no executor run). ``answers`` narrows ``ctx.answers`` (``select_gaps``); the plan's
-    options record ``ctx.answers``, what the caller asked for. ``cut_windows``: ``select_gaps``'."""
+    options record ``ctx.answers``, what the caller asked for. ``cut_windows``: ``select_gaps``'.
+    ``early_fetches``: each Prefetch waits only for the Detaches of its slot it needs room from (``emit``)."""
     answers = answers if answers is not None else ctx.answers
     gaps, _L, _over = select_gaps(
         ctx, budget, settings.select_distance, settings.select_num, settings.prefetch_distance,
@@ -629,7 +665,8 @@ def build_plan(ctx: Context, settings: Settings, budget: int, name: str = "greed
                 f"{format_bytes_exact(budget)}, "
                 "because the remote tiers have no room for the rest"
             )
-    plan = replace(emit(ctx, gaps, name), placement=plan_placement(ctx.graph, {**ctx.unused_remote, **ctx.wrapped}))
+    plan = emit(ctx, gaps, name, L if early_fetches else None, budget)
+    plan = replace(plan, placement=plan_placement(ctx.graph, {**ctx.unused_remote, **ctx.wrapped}))
     options = dict(settings.as_dict(), order=ctx.order_name, **ctx.answers.options())
     redone = sum(1 for g in gaps if g.recompute is not None)
     stats = {
@@ -645,9 +682,14 @@ def build_plan(ctx: Context, settings: Settings, budget: int, name: str = "greed
     return replace(plan, options=options, status=status, notes=tuple(notes), stats=stats)
 
 
-def emit(ctx: Context, gaps: list[Gap], name: str = "greedy") -> Plan:
+def emit(ctx: Context, gaps: list[Gap], name: str = "greedy", counts: np.ndarray | None = None,
+         budget: int | None = None) -> Plan:
     """Write the program: per op slot, Detaches, then Prefetches, then recomputations, then the op, then the Stores
-    after it."""
+    after it.
+
+    A Prefetch waits for every Detach of its slot, unless ``counts`` (the HBM count per op after placing) and
+    ``budget`` are given: then only for the Detaches it needs room from, in the order their Stores were issued
+    (a Prefetch need not wait for a Store that ends later than the one that frees its room)."""
     n = ctx.n
     detach_at: dict[int, list[Gap]] = {}
     fetch_at: dict[int, list[Gap]] = {}
@@ -672,14 +714,32 @@ def emit(ctx: Context, gaps: list[Gap], name: str = "greedy") -> Plan:
             store_step[id(g)] = pb.store(g.tensor, ctx.store_link[g.store_tier], waits=waits)
 
     stores(-1, [])
+    early = counts is not None and budget is not None
     for i in range(n):
-        # Detaches that wait for nothing first, so that what they free is free at once.
-        for g in sorted(detach_at.get(i, ()), key=lambda g: (g.needs_store, g.tensor)):
+        # Detaches that wait for nothing first, so that what they free is free at once; then (``early``) in the
+        # order of their Stores.
+        detaches = sorted(detach_at.get(i, ()), key=(lambda g: (g.needs_store, store_step.get(id(g), -1), g.tensor))
+                          if early else (lambda g: (g.needs_store, g.tensor)))
+        freed: list[tuple[int, int | None]] = [(0, last_cs)]  # (bytes freed so far, the compute step after which)
+        for g in detaches:
             waits = [store_step[id(g)]] if g.needs_store else []
             last_cs = pb.detach(g.tensor, COMPUTE, waits=waits)
-        for g in sorted(fetch_at.get(i, ()), key=lambda g: (g.u, g.tensor)):
+            freed.append((freed[-1][0] + g.bytes, last_cs))
+        fetches = sorted(fetch_at.get(i, ()), key=lambda g: (g.u, g.tensor))
+        if early and fetches and len(freed) > 1:
+            op = ctx.ops[i]
+            made = sum(ctx.graph.tensors[t].bytes for t in op.outputs)
+            redo = sum(g.bytes for g in redo_at.get(i, ()))
+            # On HBM before the slot's Detaches and Prefetches (the count holds them at op i as off and on).
+            held = int(counts[i]) - made - int(ctx.workspace[i]) - redo - sum(g.bytes for g in fetches) + freed[-1][0]
+        for g in fetches:
             link = ctx.fetch_link[g.fetch_tier]
-            fetched[(g.tensor, g.u)] = pb.prefetch(g.tensor, link, waits=[] if last_cs is None else [last_cs])
+            after = last_cs
+            if early and len(freed) > 1:
+                held += g.bytes
+                k = bisect.bisect_left([f for f, _ in freed], held - budget)
+                after = freed[min(k, len(freed) - 1)][1]
+            fetched[(g.tensor, g.u)] = pb.prefetch(g.tensor, link, waits=[] if after is None else [after])
         # In the order the producers first ran: one may read what an earlier one makes again for this op.
         for g in sorted(redo_at.get(i, ()), key=lambda g: g.recompute):
             p = ctx.ops[g.recompute]

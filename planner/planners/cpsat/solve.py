@@ -75,8 +75,11 @@ SWEEP_LIMIT_SHARE = 0.45
 SEARCH_MIN_RUNS = 5.0 + FINAL_RUNS
 # Wall seconds of one exact placement of static offsets (``offsets_cpsat.fit_offsets``: CP-SAT with a deterministic
 # effort of 0.3 s, 0.1 to 0.9 s measured on transformer_block's timelines), which each finalist of a sweep on a
-# small graph pays when best fit overflows the budget: on small graphs it, not the points, is most of a sweep.
-EXACT_OFFSETS_S = 0.5
+# small graph pays when best fit overflows the budget: on small graphs it, not the points, is most of a sweep. Since
+# greedy checks its early-fetch plan's offsets too (``greedy.EARLY_OFFSETS_EFFORT``), a finalist pays up to two: 1 s
+# (0.5 s before; transformer_block at 1 GB with 10 s: the sweep took 5 s of its 10 and left the search 1.5 s, and on
+# a loaded machine none; now 2.1 s and the same plan, 110.87 ms).
+EXACT_OFFSETS_S = 1.0
 # An optional phase (another starting planner) runs when its estimate is at most this share of the time left.
 AFFORDABLE_SHARE = 0.25
 # Greedy's sweep gets a larger share: cpsat promises never to end slower than the sweep's best point, and its
