@@ -489,10 +489,11 @@ def _plan_checked(ctx: Context, settings: Settings, budget: int, name: str, only
 
     On graphs of up to ``REFINE_MAX_OPS`` ops the best of these is also emitted with early Prefetches (each waits
     only for the Detaches of its slot it needs room from, ``emit``): the optimizer phase of a training step fetches
-    the next states while the last ones are still being stored (transformer_block at 1 GB: 132.2 -> 114.4 ms,
-    deepseek-v3-paper at 90% of its peak 2335.4 -> 1988.4 ms); where the earlier fetches crowd the links or HBM
-    they lose, so both are timed. Above that size the first is kept: on the 38.8k-op inference graph the early one
-    was slower and needed a third plan for its offsets to fit.
+    the next states while the last ones are still being stored (transformer_block at 1 GB: 132.2 -> 114.7 ms,
+    deepseek-v3-paper at 80% of its peak 2355.0 -> 2151.2 ms); where the earlier fetches crowd the links or HBM
+    they lose, so both are timed, and the early one is kept only when its static offsets fit the budget. Above
+    that size the first is kept: on the 38.8k-op inference graph the early one was slower and needed a third plan
+    for its offsets to fit.
 
     On graphs of up to ``REFINE_MAX_OPS`` ops the selection with its link windows uncut is a variant too: the cut
     keeps optimizer states from being offloaded behind the passes that fill HBM (LLaMA-3-8B training at 33.6 GB/s:
@@ -530,8 +531,8 @@ def _plan_checked(ctx: Context, settings: Settings, budget: int, name: str, only
         early = build_plan(ctx, settings, budget, name, best[3], cut_windows=best[4], early_fetches=True)
         if early.steps != best[1].steps:
             checked = _checked(ctx, early)
-            # Only where best fit finds its offsets at once: the earlier fetches overlap more allocations, and
-            # offsets that need the exact model or a lower planning budget cost more than they gain.
+            # Only where its offsets fit (best fit, or the exact model at a reduced effort): the earlier fetches
+            # overlap more allocations, and offsets that need a lower planning budget cost more than they gain.
             if checked[0] < best[0] and _offsets(ctx, checked[2], EARLY_OFFSETS_EFFORT)[1] <= ctx.hw.hbm_bytes:
                 best = (*checked, best[3], best[4])
     if answers.recompute and (best[0][0] or ctx.n <= CHAINS_MAX_OPS) and chains_apply(ctx):
