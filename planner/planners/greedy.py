@@ -721,25 +721,25 @@ def emit(ctx: Context, gaps: list[Gap], name: str = "greedy", counts: np.ndarray
         # order of their Stores.
         detaches = sorted(detach_at.get(i, ()), key=(lambda g: (g.needs_store, store_step.get(id(g), -1), g.tensor))
                           if early else (lambda g: (g.needs_store, g.tensor)))
-        freed: list[tuple[int, int | None]] = [(0, last_cs)]  # (bytes freed so far, the compute step after which)
+        freed, after_step = [0], [last_cs]  # bytes the slot's first k Detaches free; the compute step after them
         for g in detaches:
             waits = [store_step[id(g)]] if g.needs_store else []
             last_cs = pb.detach(g.tensor, COMPUTE, waits=waits)
-            freed.append((freed[-1][0] + g.bytes, last_cs))
+            freed.append(freed[-1] + g.bytes)
+            after_step.append(last_cs)
         fetches = sorted(fetch_at.get(i, ()), key=lambda g: (g.u, g.tensor))
-        if early and fetches and len(freed) > 1:
-            op = ctx.ops[i]
-            made = sum(ctx.graph.tensors[t].bytes for t in op.outputs)
+        early_here = early and fetches and len(freed) > 1
+        if early_here:
+            made = sum(ctx.graph.tensors[t].bytes for t in ctx.ops[i].outputs)
             redo = sum(g.bytes for g in redo_at.get(i, ()))
             # On HBM before the slot's Detaches and Prefetches (the count holds them at op i as off and on).
-            held = int(counts[i]) - made - int(ctx.workspace[i]) - redo - sum(g.bytes for g in fetches) + freed[-1][0]
+            held = int(counts[i]) - made - int(ctx.workspace[i]) - redo - sum(g.bytes for g in fetches) + freed[-1]
         for g in fetches:
             link = ctx.fetch_link[g.fetch_tier]
             after = last_cs
-            if early and len(freed) > 1:
+            if early_here:
                 held += g.bytes
-                k = bisect.bisect_left([f for f, _ in freed], held - budget)
-                after = freed[min(k, len(freed) - 1)][1]
+                after = after_step[min(bisect.bisect_left(freed, held - budget), len(freed) - 1)]
             fetched[(g.tensor, g.u)] = pb.prefetch(g.tensor, link, waits=[] if after is None else [after])
         # In the order the producers first ran: one may read what an earlier one makes again for this op.
         for g in sorted(redo_at.get(i, ()), key=lambda g: g.recompute):
