@@ -80,6 +80,12 @@ SEARCH_MIN_RUNS = 5.0 + FINAL_RUNS
 # (0.5 s before; transformer_block at 1 GB with 10 s: the sweep took 5 s of its 10 and left the search 1.5 s, and on
 # a loaded machine none; now 2.1 s and the same plan, 110.87 ms).
 EXACT_OFFSETS_S = 1.0
+# Reactive is a starting plan on graphs of up to this many ops. Its cost grows with the evictions and fetches it
+# makes, not with the ops: 0.06 to 0.8 ms per op on the workloads in graphs/ (up to 1.9k ops), 1.2 ms per op on
+# the 29k-op deepseek-v3-nsa-64k with weights on host (627k steps, 35 s), 5.6 ms per op on the 38.8k-op -128k
+# (216 s, planning and the executor's run): there cpsat's estimate (27 s) let it take 216 s of a 240 s limit,
+# leaving no search and no bound, and the run ended 14% over its limit. Its plans there are 4x slower than greedy's.
+REACTIVE_START_MAX_OPS = 10_000
 # An optional phase (another starting planner) runs when its estimate is at most this share of the time left.
 AFFORDABLE_SHARE = 0.25
 # Greedy's sweep gets a larger share: cpsat promises never to end slower than the sweep's best point, and its
@@ -367,6 +373,10 @@ def starting_plans(run: Run, start: str = "auto") -> tuple[tuple[Plan, Timeline]
         if name != "greedy" and cands and any(tl.valid for _p, tl in cands):
             if name == "none" and _none_over_budget(g, hw):
                 run.notes.append("no offload is not a starting plan: its memory count is over the budget")
+                continue
+            if name == "reactive" and len(g.ops) > REACTIVE_START_MAX_OPS:
+                run.notes.append(f"reactive is not a starting plan above {REACTIVE_START_MAX_OPS:,} ops: its time "
+                                 "grows with the evictions it makes, which no estimate by ops bounds")
                 continue
             # Estimated like a greedy run (planning, then a full executor run).
             estimate = len(g.ops) * SWEEP_S_PER_OP if run.deterministic or greedy_s is None else greedy_s

@@ -450,3 +450,17 @@ def test_a_window_with_free_detaches_and_fixed_stores_builds_and_keeps_a_feasibl
     m.add_hints()
     res = worker.solve(m.cp, {"num_workers": 1, "fix_variables_to_their_hinted_value": True}, 10)
     assert res.status in ("OPTIMAL", "FEASIBLE")
+
+
+def test_reactive_is_no_starting_plan_above_its_size_limit(monkeypatch):
+    # Reactive's time grows with the evictions it makes (216 s on the 38.8k-op graph, against an estimate of 27 s):
+    # above REACTIVE_START_MAX_OPS ops it is left out, with a note. Here the limit is set below two_fetches' 4 ops.
+    g, hw = two_fetches(), simple_hardware(hbm=250)
+    run = Run.start(g, hw, time_limit=10, workers=1)
+    solve.starting_plans(run)
+    assert "reactive" in run.record.start_candidates
+    monkeypatch.setattr(solve, "REACTIVE_START_MAX_OPS", len(g.ops) - 1)
+    run = Run.start(g, hw, time_limit=10, workers=1)
+    (plan, tl), _ = solve.starting_plans(run)
+    assert tl.valid and "reactive" not in run.record.start_candidates
+    assert any(n.startswith("reactive is not a starting plan above 3 ops") for n in run.notes)
