@@ -200,10 +200,10 @@ class Context:
         # The recompute chains (greedy_remat): the highest budget at which they found no plan, with and without
         # addresses, and the plans they found, by (budget, addresses, name).
         self.chains_failed: dict[bool, int] = {}
+        self.chains_plans: dict[tuple[int, bool, str], Plan] = {}
         # Offsets found for a timeline's allocations (``greedy._offsets``), by the id of its residencies: the last
         # few only, each with the residencies it was found for.
         self.offsets_found: dict[int, tuple] = {}
-        self.chains_plans: dict[tuple[int, bool, str], Plan] = {}
 
     # -- times
     def end_of(self, a: int) -> int:
