@@ -24,7 +24,7 @@ from planner.executor import simulate
 from planner.formats import load_graph
 from planner.graph import Graph
 from planner.hardware import Hardware, preset, with_overrides
-from planner.orders import ORDERS
+from planner.orders import ORDERS, SAMPLED
 from planner.plan import Plan
 from planner.planners import get_planner, get_spec, get_timed_planner
 from planner.planners.cpsat.solve import STARTING_PLANNERS
@@ -91,6 +91,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "objective": ("makespan", "peak"),
     "start": ("auto", *STARTING_PLANNERS),
 }
+# Text options that also take a family of values, as a pattern and the name ``describe`` gives it.
+PATTERNS: dict[str, tuple[re.Pattern[str], str]] = {"order": (SAMPLED, "sampled-K (K a whole number)")}
 
 
 # Lower limits of numeric options, (limit, whether the limit itself is allowed): a negative distance or a zero time
@@ -99,7 +101,7 @@ MINIMUM: dict[str, tuple[float, bool]] = {
     "select_distance": (0, True), "select_num": (0, True), "prefetch_distance": (0, True),
     "release_distance": (0, True), "lookahead": (0, True), "seed": (0, True), "workers": (1, True),
     "time_limit": (0, False), "makespan_limit_us": (0, False), "whole_max_ops": (1, True), "window_ops": (1, True),
-    "finalists": (1, True), "max_orders": (1, True),
+    "finalists": (1, True), "max_orders": (1, True), "sampled_orders": (0, True),
 }
 
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
@@ -116,10 +118,17 @@ class OptionType:
     kind: type | None
     optional: bool = False
     choices: tuple[str, ...] = ()
+    pattern: tuple[re.Pattern[str], str] | None = None
+
+    def accepts(self, value: str) -> bool:
+        """Whether ``value`` is one of the choices, or matches the pattern (any text when there are neither)."""
+        if not self.choices:
+            return True
+        return value in self.choices or (self.pattern is not None and self.pattern[0].fullmatch(value) is not None)
 
     def describe(self) -> str:
         if self.choices:
-            return "one of " + ", ".join(self.choices)
+            return "one of " + ", ".join(self.choices + ((self.pattern[1],) if self.pattern else ()))
         return _KIND_NAMES.get(self.kind, "a Python value") + (" or none" if self.optional else "")
 
 
@@ -138,7 +147,9 @@ def _option_type(param: inspect.Parameter) -> OptionType:
     optional = any(n in ("None", type(None)) for n in names) or param.default is None
     kinds = [_KINDS.get(n) if isinstance(n, str) else n for n in names if n not in ("None", type(None))]
     kind = kinds[0] if len(kinds) == 1 and kinds[0] in _KIND_NAMES else None
-    return OptionType(kind, optional, CHOICES.get(param.name, ()) if kind is str else ())
+    if kind is not str:
+        return OptionType(kind, optional)
+    return OptionType(kind, optional, CHOICES.get(param.name, ()), PATTERNS.get(param.name))
 
 
 def option_types(name: str) -> dict[str, OptionType]:
@@ -197,7 +208,7 @@ def parse_option(value: object, spec: OptionType, source: str, item: str) -> obj
         raise bad()
     if isinstance(value, float) and not math.isfinite(value):
         raise bad()
-    if spec.choices and value not in spec.choices:
+    if isinstance(value, str) and not spec.accepts(value):
         raise bad()
     return value
 

@@ -7,7 +7,7 @@ from planner import api
 from planner.executor import simulate
 from planner.formats import load_graph
 from planner.graph import AUTO, Graph, Op, Tensor, TensorKind
-from planner.orders import lowest_peak_order, named_order, store_backs_first
+from planner.orders import lowest_peak_order, named_order, sampled_order, store_backs_first
 from planner.planners.greedy import plan_greedy
 from planner.planners.none import no_offload_program, plan_none
 
@@ -66,6 +66,32 @@ def test_unknown_order_name():
     with pytest.raises(ValueError, match="order: 'fastest' is not one of auto, lowest-peak, store-release, "
                                          "sources-first, graph"):
         named_order(training_graph(), "fastest")
+
+
+def test_sampled_orders_are_topological_reproducible_and_named_by_their_seed():
+    g = load_graph(GRAPHS / "transformer_block.json")
+    orders = [sampled_order(g, k) for k in range(40)]
+    for order in orders:
+        assert sorted(order) == sorted(op.name for op in g.ops)
+        pos = {name: i for i, name in enumerate(order)}
+        assert all(pos[u] < pos[v] for u, v in g.dag.edges)
+    assert sampled_order(g, 7) == orders[7] and named_order(g, "sampled-7") == orders[7]
+    assert len({tuple(o) for o in orders}) > 30
+    # The optimizer steps (in-place updates that feed nothing) go anywhere after their inputs: not always last.
+    steps = [op.name for op in g.ops if op.updates]
+    assert len({tuple(sorted(o.index(s) for s in steps)) for o in orders}) > 30
+    assert any(o.index(s) < len(o) - len(steps) for o in orders for s in steps)
+    with pytest.raises(ValueError, match="or sampled-K"):
+        named_order(g, "sampled-x")
+
+
+def test_greedy_takes_a_sampled_order_by_name():
+    g = load_graph(GRAPHS / "transformer_block.json")
+    hw = api.hardware("ascend-910c", hbm="1GB")
+    plan = plan_greedy(g, hw, order="sampled-3")
+    assert simulate(g, hw, plan).valid
+    assert plan.compute_order() == sampled_order(g, 3)
+    assert api.check_options(plan_greedy, "greedy", {"order": "sampled-3"}) == {"order": "sampled-3"}
 
 
 def test_the_sweep_on_auto_is_never_slower_than_on_the_lowest_peak_order():

@@ -52,6 +52,7 @@ class SearchRecord:
     start_makespan_us: float | None = None
     start_candidates: dict[str, float] | None = None  # every valid starting plan's makespan, by planner
     search_start: str | None = None  # the order of greedy's plan the search started from, when not the best start's
+    sampled_orders: list[str] | None = None  # the sampled orders kept as starting orders (best first)
     compute_us: float | None = None  # the compute bound: a plan at it is optimal
     # The scaled problem and the hint.
     ops: int | None = None
@@ -129,6 +130,7 @@ class Run:
     interrupted: bool = False  # Ctrl-C stopped the search: finish with the best plan so far, search no more
     recompute: bool = True  # recompute gaps in the model, and in the starting plans
     offload: bool = True  # offloading by choice (False: remat only, the Checkmate problem)
+    sampled_orders: int | None = None  # how many sampled orders greedy plans first (None: ``solve.sampled_count``)
     _bound: Bound | None = None  # makespan_bound's, once computed
 
     @classmethod

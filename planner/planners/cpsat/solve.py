@@ -94,6 +94,18 @@ AFFORDABLE_SHARE = 0.25
 # sweep's +54.6%. At 0.5 the sweep with one finalist (22 s estimated, 43 s left) was skipped on
 # deepseek-v3-nsa-128k-L3-1layer at 60% (2 workers, 60 s): 1559.2 ms against the sweep's 1255.6.
 SWEEP_AFFORDABLE_SHARE = 0.6
+# Sampled orders (``orders.sampled_order``) as starting orders, on graphs of more ops than the exact search covers
+# (it weighs every order itself) and up to SAMPLED_MAX_OPS. Each order is scored by greedy's plan at its defaults,
+# built and timed without static offsets (two points of its sweep, with and without early fetches: 10 to 20 ms an
+# order on transformer_block); the SAMPLED_FULL best are planned in full (offsets that do not fit can cost a plan
+# 20%), and the SAMPLED_KEEP best of those join the orders greedy planned. As many orders as SAMPLED_SHARE of the
+# limit allows, up to SAMPLED_MAX: the count depends on the limit and the graph alone, so one-worker runs stay
+# reproducible.
+SAMPLED_MAX_OPS = 64
+SAMPLED_MAX = 256
+SAMPLED_SHARE = 0.1
+SAMPLED_FULL = 4
+SAMPLED_KEEP = 2
 
 def plan_cpsat(
     graph: Graph,
@@ -111,6 +123,7 @@ def plan_cpsat(
     wall_budget: float | None = None,
     recompute: bool = True,
     offload: bool = True,
+    sampled_orders: int | None = None,
 ) -> Plan:
     """Plan with CP-SAT within ``time_limit`` seconds of wall-clock time (see the module doc).
 
@@ -126,9 +139,11 @@ def plan_cpsat(
     CLI's loading); deadlines use it, deterministic budgets and the recorded options use ``time_limit``.
     ``recompute``: a gap may also be dropped and its tensor made again by re-running its producer (keep, offload
     or recompute, per gap; see ``data.py``); ``offload=False`` offloads nothing by choice (remat only).
+    ``sampled_orders``: how many random topological orders greedy plans before the search, its best two joining
+    the starting orders (None: as the limit allows, on graphs of 13 to 64 ops; ``sampled_count``).
     """
     return plan_cpsat_timed(graph, hw, time_limit, seed, workers, objective, makespan_limit_us, whole_max_ops,
-                            window_ops, start, log, progress, wall_budget, recompute, offload).plan
+                            window_ops, start, log, progress, wall_budget, recompute, offload, sampled_orders).plan
 
 
 def plan_cpsat_timed(
@@ -147,6 +162,7 @@ def plan_cpsat_timed(
     wall_budget: float | None = None,
     recompute: bool = True,
     offload: bool = True,
+    sampled_orders: int | None = None,
 ) -> Planned:
     """``plan_cpsat`` with the executor's full timeline of the plan it returns (cpsat compares its candidates by
     their full timelines, so it has it)."""
@@ -155,6 +171,7 @@ def plan_cpsat_timed(
     time_limit = float(time_limit)
     run = Run.start(graph, hw, time_limit, seed, workers, progress)
     run.recompute, run.offload = bool(recompute), bool(offload)
+    run.sampled_orders = None if sampled_orders is None else int(sampled_orders)
     if wall_budget is not None:
         run.wall_limit = min(time_limit, float(wall_budget))
     log_file = None
@@ -209,6 +226,8 @@ def _plan(run: Run, log: bool, objective: str, makespan_limit_us: float | None, 
         options["makespan_limit_us"] = makespan_limit_us
     # Always recorded: the bound a report quotes for the plan depends on whether it could recompute.
     options["recompute"], options["offload"] = run.recompute, run.offload
+    if run.sampled_orders is not None:
+        options["sampled_orders"] = run.sampled_orders
     run.report(phase="start plan")
     (base, base_tl), (seed, seed_tl) = starting_plans(run, start)
     worker.python_sigint()  # the starting planners may have run CP-SAT here (static offsets): Ctrl-C is ours again
@@ -407,6 +426,12 @@ def starting_plans(run: Run, start: str = "auto") -> tuple[tuple[Plan, Timeline]
                     spent.append(time.monotonic() - t_ctx)
                     if outs[-1].plan.stats.get("deadline_cut"):
                         run.clock_cut()
+                t_sampled = time.monotonic()
+                for ctx, out, s in _sampled(run, answers, contexts):
+                    contexts.append(ctx)
+                    outs.append(out)
+                    spent.append(s)
+                t += time.monotonic() - t_sampled  # greedy's own time estimates reactive's: not the sampling's
                 best_k = min(range(len(outs)), key=lambda k: rank_planned(outs[k]))
                 out = outs[best_k]
                 greedy_ctxs = [(contexts[k], spent[k]) for k in [best_k] + [k for k in range(len(outs)) if k != best_k]]
@@ -438,6 +463,76 @@ def starting_plans(run: Run, start: str = "auto") -> tuple[tuple[Plan, Timeline]
     best = min(pool, key=lambda c: (c[1].metrics.makespan_ns, c[1].metrics.peak_bytes[HBM]))
     run.record.start_candidates = {c[0].planner: c[1].metrics.makespan_ns / 1000 for c in cands if c[1].valid}
     return best, _search_start(run, best, greedy_plans)
+
+
+def sampled_count(run: Run) -> int:
+    """How many sampled orders greedy scores before the search: the ``sampled_orders`` option, else as many as
+    ``SAMPLED_SHARE`` of the limit allows (at most ``SAMPLED_MAX``) on graphs of more than ``exact.MAX_OPS`` and
+    at most ``SAMPLED_MAX_OPS`` ops, else none."""
+    if run.sampled_orders is not None:
+        return run.sampled_orders
+    if not exact.MAX_OPS < len(run.graph.ops) <= SAMPLED_MAX_OPS:
+        return 0
+    return min(SAMPLED_MAX, int(SAMPLED_SHARE * run.time_limit / _sampled_s(run.graph)))
+
+
+def _sampled_s(graph: Graph) -> float:
+    """The estimated seconds to score one sampled order: two points of greedy's sweep."""
+    return 2 * len(graph.ops) * SWEEP_S_PER_OP * SWEEP_POINT_SHARE
+
+
+def _sampled(run: Run, answers, known: list[Context]) -> list[tuple[Context, Planned, float]]:
+    """Greedy's plans in the best of the sampled orders ``sampled-0``, ``sampled-1``, ... (``sampled_count`` of
+    them, those equal to an order of ``known`` left out): up to ``SAMPLED_KEEP``, each with its context and the
+    seconds its full plan took.
+
+    Why: the whole model and the windows keep their starting plan's order, and the orders derived from rules are
+    not the best ones on small training graphs (``orders.sampled_order``). Scored by greedy without static
+    offsets, then the best few planned in full, as an order whose offsets do not fit loses its lead there.
+    """
+    count = sampled_count(run)
+    if count <= 0:
+        return []
+    g, hw = run.graph, run.hw
+    exact_s = EXACT_OFFSETS_S if len(g.ops) <= EXACT_MAX_BLOCKS else 0.0
+    cost = count * _sampled_s(g) + SAMPLED_FULL * (len(g.ops) * SWEEP_S_PER_OP + exact_s)
+    # An optional phase like the other starting planners: with 10 s on transformer_block at 1 GB it would leave
+    # greedy's sweep and the whole model no time (114.7 ms against 110.9 ms without it).
+    if run.sampled_orders is None and not _affordable(run, cost):
+        run.notes.append(f"no sampled orders: scoring {count} and planning the best {SAMPLED_FULL} in full (about "
+                         f"{cost:.0f} s) does not fit in the time left")
+        return []
+    run.start_s += cost
+    # Twice their share of the limit on the wall clock at most (a loaded machine), then the orders scored so far.
+    stop = time.monotonic() + 2 * SAMPLED_SHARE * run.limit_s
+    seen = {tuple(c.order) for c in known}
+    scored: list[tuple[float, int, Context]] = []
+    for k in range(count):
+        if time.monotonic() > stop:
+            run.clock_cut(f"greedy scored {k} of {count} sampled orders: the time for them was over")
+            break
+        ctx = Context(g, hw, f"sampled-{k}", answers)
+        if tuple(ctx.order) in seen:
+            continue
+        seen.add(tuple(ctx.order))
+        times = [simulate(g, hw, build_plan(ctx, Settings(), hw.hbm_bytes, early_fetches=early), allocator=False)
+                 for early in (False, True)]
+        valid = [tl.metrics.makespan_ns for tl in times if tl.valid]
+        if valid:
+            scored.append((min(valid), k, ctx))
+    scored.sort(key=lambda item: item[:2])
+    full: list[tuple[tuple, int, Context, Planned, float]] = []
+    for _score, k, ctx in scored[:SAMPLED_FULL]:
+        if run.left() <= 0:
+            run.clock_cut("greedy planned fewer sampled orders in full than it scored best: no time was left")
+            break
+        t = time.monotonic()
+        out = planned_with_context(ctx, Settings(), deadline=run.deadline)
+        full.append((rank_planned(out), k, ctx, out, time.monotonic() - t))
+    full.sort(key=lambda item: item[:2])
+    kept = full[:SAMPLED_KEEP]
+    run.record.sampled_orders = [ctx.order_name for _r, _k, ctx, _o, _s in kept]
+    return [(ctx, out, s) for _r, _k, ctx, out, s in kept]
 
 
 # The search starts from another order's greedy plan when that order, run with unbounded HBM, is at least this
