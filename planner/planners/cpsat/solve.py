@@ -517,9 +517,9 @@ def _sampled(run: Run, answers: Answers, known: list[Context]) -> list[tuple[Con
         if tuple(ctx.order) in seen:
             continue
         seen.add(tuple(ctx.order))
-        times = [simulate(g, hw, build_plan(ctx, Settings(), hw.hbm_bytes, early_fetches=early), allocator=False)
-                 for early in (False, True)]
-        valid = [tl.metrics.makespan_ns for tl in times if tl.valid]
+        timelines = [simulate(g, hw, build_plan(ctx, Settings(), hw.hbm_bytes, early_fetches=early), allocator=False)
+                     for early in (False, True)]
+        valid = [tl.metrics.makespan_ns for tl in timelines if tl.valid]
         if valid:
             scored.append((min(valid), k, ctx))
     scored.sort(key=lambda item: item[:2])
