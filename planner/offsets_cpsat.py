@@ -11,7 +11,10 @@ offsets fit, "none" within its effort means only that none was found.
 
 Measured with ortools 9.15 (2 cores): this pairwise model answers the transformer block (56-93 allocations) and
 Checkmate's ``random_layered_n100`` at 80% (110) in 0.3-0.4 s, where CP-SAT's ``NoOverlap2D`` on the same
-instances took 5-11 s; neither answers timelines of 1,000+ allocations within a minute, so those keep best fit.
+instances took 5-11 s; neither answers timelines of 1,000+ allocations within a minute, so those keep the
+heuristics: best fit and the lowest-floor descents of ``planner/offsets_search.py``, whose search also runs before
+this model (on transformer_block's timelines it fits 2 of 9 that best fit and the descents miss, in 0.01-0.06 s,
+one of them where this model found nothing in 2.2 s).
 The search is bounded by CP-SAT's deterministic time with one worker, so that the same timeline gives the same
 offsets; the wall-clock limit is only a safety net.
 """
@@ -19,6 +22,7 @@ offsets; the wall-clock limit is only a safety net.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable, Sized
 
 from ortools.sat.python import cp_model
@@ -32,6 +36,7 @@ from planner.offsets import (
     place_allocations,
     tries_for,
 )
+from planner.offsets_search import search_offsets
 from planner.timeline import Residency
 
 EXACT_MAX_BLOCKS = 400  # larger timelines keep the heuristic (measured: no gain within seconds at 1,000+ allocations)
@@ -110,11 +115,12 @@ def offsets_within(
     residencies: Iterable[Residency], capacity: int, tier: str = HBM, time_limit_s: float = 10.0,
     effort: float = EFFORT,
 ) -> tuple[dict[str, int | list[int]], int]:
-    """Return (offsets, their height) within ``capacity`` when one of these finds them, tried in turn: the
-    (order, fit) pairs of ``assign_offsets`` (``tries_for``: all eight on timelines of up to ``EVERY_TRY_MAX``
-    allocations, fewer above), then CP-SAT's exact assignment within ``effort`` (deterministic seconds; timelines
-    of up to a few hundred allocations). Otherwise the lowest offsets found, whose height is then above
-    ``capacity``."""
+    """Return (offsets, their height) within ``capacity`` when one of these finds them, tried in turn, cheapest
+    first: the (order, fit) pairs of ``assign_offsets`` (``tries_for``: all eight on timelines of up to
+    ``EVERY_TRY_MAX`` allocations, fewer above); ``offsets_search``'s lowest-floor descents and its search
+    (timelines of up to ``SEARCH_MAX_BLOCKS`` allocations); CP-SAT's exact assignment within ``effort``
+    (deterministic seconds; timelines of up to a few hundred allocations). Otherwise the lowest offsets found,
+    whose height is then above ``capacity``."""
     if not isinstance(residencies, Sized):
         residencies = list(residencies)
     allocs = allocations(residencies, tier)
@@ -127,7 +133,16 @@ def offsets_within(
         if best is None or height < best[1]:
             best = (offs, height)
     assert best is not None
-    fitted = _fit(allocs, capacity, effort, time_limit_s) if effort > 0 else None
+    deadline = time.monotonic() + time_limit_s
+    searched = search_offsets(allocs, capacity, time_limit_s=time_limit_s)
+    if searched is not None:
+        offs, fits = searched
+        height = allocations_height(allocs, offs)
+        if fits:
+            return offsets_by_name(allocs, offs), height
+        if height < best[1]:
+            best = (offs, height)
+    fitted = _fit(allocs, capacity, effort, max(0.0, deadline - time.monotonic())) if effort > 0 else None
     if fitted is not None:
         return offsets_by_name(allocs, fitted), allocations_height(allocs, fitted)
     return offsets_by_name(allocs, best[0]), best[1]

@@ -58,7 +58,7 @@ def test_below_the_peak_nothing_fits():
     assert fit_offsets(TIGHT, 7) is None
 
 
-def test_offsets_within_keeps_the_first_pair_that_fits_and_uses_the_exact_model_when_none_does():
+def test_offsets_within_keeps_the_first_pair_that_fits_and_searches_when_none_does():
     loose_offs, loose_h = offsets_within(TIGHT, 12)
     first_order, first_fit = TRIES[0]
     assert loose_offs == assign_offsets(TIGHT, order=first_order, fit=first_fit) and loose_h <= 12

@@ -316,6 +316,7 @@ def test_on_large_graphs_a_replan_for_the_offsets_keeps_the_answers_the_full_bud
     joint answers, the later ones with the answers that won at the full budget. Lowered here so that a 1k-op graph
     takes that path; in this process (no background child), so that every build is recorded."""
     import planner.planners.greedy as greedy
+    from planner import offsets_search
     from planner.planners.greedy import Settings, planned_with_context
     from planner.planners.greedy_select import Answers, Context
 
@@ -331,6 +332,8 @@ def test_on_large_graphs_a_replan_for_the_offsets_keeps_the_answers_the_full_bud
     monkeypatch.setattr(greedy, "build_plan", recording)
     monkeypatch.setattr(greedy, "REFINE_MAX_OPS", 0)
     monkeypatch.setattr(greedy, "can_fork", lambda: False)
+    # Offsets by best fit alone: the lowest-floor descents fit this budget at the second attempt.
+    monkeypatch.setattr(offsets_search, "SEARCH_MAX_BLOCKS", 0)
     ctx = Context(g, hw, "auto")
     out = planned_with_context(ctx, Settings())
     assert out.timeline.valid and simulate(g, hw, out.plan).valid
