@@ -99,12 +99,15 @@ class _Blocks:
                                            for col in (allocs.size, allocs.start, allocs.end))
         self.sections = _Sections(self.start, self.end, self.size)
         self._ranks: dict[str, np.ndarray] = {}
+        self._keys: dict[str, np.ndarray] | None = None
 
     def search(self, preorder: str, capacity: int | None, try_limit: int, deadline: float | None
                ) -> np.ndarray | None:
         rank = self._ranks.get(preorder)
         if rank is None:
-            rank = self._ranks[preorder] = _preorder(preorder, self.size, self.start, self.end, self.sections)
+            if self._keys is None:  # once per timeline, for all its preorders
+                self._keys = _sort_keys(self.size, self.start, self.end, self.sections)
+            rank = self._ranks[preorder] = _preorder(preorder, self._keys)
         if len(self.live) < COMPILED_MIN:
             return _Search(self.size, self.start, self.end, self.sections, capacity, rank).run(
                 len(self.live) + try_limit, deadline)
@@ -157,16 +160,22 @@ class _Sections:
         self.load = np.array(load, dtype=np.int64)
 
 
-def _preorder(keys: str, size: np.ndarray, start: np.ndarray, end: np.ndarray, sections: _Sections) -> np.ndarray:
-    """Each block's rank in the static preorder ``keys`` (letters of ``PREORDERS``, each descending; ties by
-    index)."""
+def _sort_keys(size: np.ndarray, start: np.ndarray, end: np.ndarray, sections: _Sections) -> dict[str, np.ndarray]:
+    """The columns the preorders sort by, by letter (``PREORDERS``): lifetime, size x lifetime, and the largest load
+    of a section the block spans."""
     width = end - start
     total = np.array([int(sections.load[a:b].max()) for a, b in zip(sections.lo.tolist(), sections.hi.tolist())],
                      dtype=np.int64)
-    columns = {"W": width, "A": size * width, "T": total, "Z": size}
-    order = np.lexsort(tuple([np.arange(len(size))] + [-columns[c] for c in reversed(keys)]))
-    rank = np.empty(len(size), dtype=np.int64)
-    rank[order] = np.arange(len(size))
+    return {"W": width, "A": size * width, "T": total}
+
+
+def _preorder(keys: str, columns: dict[str, np.ndarray]) -> np.ndarray:
+    """Each block's rank in the static preorder ``keys`` (letters of ``columns``, each descending; ties by
+    index)."""
+    count = len(columns["W"])
+    order = np.lexsort(tuple([np.arange(count)] + [-columns[c] for c in reversed(keys)]))
+    rank = np.empty(count, dtype=np.int64)
+    rank[order] = np.arange(count)
     return rank
 
 
@@ -234,15 +243,11 @@ class _Search:
         floor, rank = self.floor, self.rank
         last_floor, last_rank = frame[0]
         tied = np.flatnonzero((floor == last_floor) & (rank > last_rank))
-        if len(tied):
-            b = int(tied[np.argmin(rank[tied])])
-            off = last_floor
-        else:
-            off = int(np.where(floor > last_floor, floor, _PLACED).min())
-            level = np.flatnonzero(floor == off) if off < frame[1] else tied
-            b = int(level[np.argmin(rank[level])]) if len(level) else -1
+        off = last_floor if len(tied) else int(np.where(floor > last_floor, floor, _PLACED).min())
         if off >= frame[1]:
             return None
+        level = tied if len(tied) else np.flatnonzero(floor == off)
+        b = int(level[np.argmin(rank[level])])
         frame[0] = (off, int(rank[b]))
         return b, off
 
