@@ -24,7 +24,7 @@ from planner.executor import simulate
 from planner.formats import load_graph
 from planner.graph import Graph
 from planner.hardware import Hardware, preset, with_overrides
-from planner.orders import ORDERS, SAMPLED
+from planner.orders import FAMILIES, ORDERS
 from planner.plan import Plan
 from planner.planners import get_planner, get_spec, get_timed_planner
 from planner.planners.cpsat.solve import STARTING_PLANNERS
@@ -92,7 +92,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "start": ("auto", *STARTING_PLANNERS),
 }
 # Text options that also take a family of values, as a pattern and the name ``describe`` gives it.
-PATTERNS: dict[str, tuple[re.Pattern[str], str]] = {"order": (SAMPLED, "sampled-K (K a whole number)")}
+PATTERNS: dict[str, tuple[re.Pattern[str], str]] = {
+    "order": (FAMILIES, "sampled-K (K a whole number), deferred-K (K from 0 to 7)")}
 
 
 # Lower limits of numeric options, (limit, whether the limit itself is allowed): a negative distance or a zero time

@@ -21,6 +21,10 @@ READY_WINDOW = 32
 ORDERS = ("auto", "lowest-peak", "store-release", "sources-first", "graph", "searched")
 # The sampled orders, named by their seed (``sampled_order``): ``sampled-0``, ``sampled-1``, ...
 SAMPLED = re.compile(r"sampled-(\d{1,9})")
+# The deferred orders, named by the eighths of the first release's work run before the deferral (``deferred_order``).
+DEFERRED = re.compile(r"deferred-([0-7])")
+# Every order name of a family, as the planners' ``order`` option takes them.
+FAMILIES = re.compile(f"{SAMPLED.pattern}|{DEFERRED.pattern}")
 # How often a sampled order's walk takes the first ready op of the lowest-peak order rather than any ready op.
 SAMPLED_KEEP = 0.7
 
@@ -29,7 +33,8 @@ def named_order(graph: Graph, name: str) -> list[str]:
     """The compute order a planner's ``order`` option names: ``auto`` (``best_no_offload_order``),
     ``lowest-peak`` (``lowest_peak_order``: without moving the store-back releases up), ``store-release``
     (``store_release_order``), ``sources-first`` (``sources_first_order`` of ``auto``), ``graph``, ``searched``
-    (``searched_order``) or ``sampled-K`` (``sampled_order`` with seed K)."""
+    (``searched_order``), ``sampled-K`` (``sampled_order`` with seed K) or ``deferred-K`` (``deferred_order`` with K
+    eighths run first)."""
     if name == "auto":
         return best_no_offload_order(graph)
     if name == "lowest-peak":
@@ -45,7 +50,10 @@ def named_order(graph: Graph, name: str) -> list[str]:
     sampled = SAMPLED.fullmatch(name)
     if sampled:
         return sampled_order(graph, int(sampled.group(1)))
-    raise ValueError(f"order: {name!r} is not one of {', '.join(ORDERS)} or sampled-K")
+    deferred = DEFERRED.fullmatch(name)
+    if deferred:
+        return deferred_order(graph, int(deferred.group(1)))
+    raise ValueError(f"order: {name!r} is not one of {', '.join(ORDERS)}, sampled-K or deferred-K")
 
 
 def sampled_order(graph: Graph, seed: int) -> list[str]:
@@ -221,6 +229,113 @@ def store_release_order(graph: Graph, order: Sequence[str]) -> list[str]:
             waiting[s] -= 1
             if waiting[s] == 0:
                 heapq.heappush(ready, (key[s], pos[s], s))
+    return out
+
+
+def first_release(graph: Graph) -> list[str]:
+    """The updates of tensors stored back to a remote tier that can release their Stores first: ranked by their
+    number of ancestors (as ``store_release_order``), the first ones whose tensors hold at least half the
+    stored-back bytes. Empty when nothing is stored back."""
+    dag = graph.dag
+    held: dict[str, int] = {}
+    for op in graph.ops:
+        b = sum(graph.tensors[t].bytes for t in op.updates if _stored_back(graph, t))
+        if b:
+            held[op.name] = b
+    ranked = sorted(held, key=lambda name: (len(nx.ancestors(dag, name)), graph.op_index[name]))
+    out, acc, total = [], 0, sum(held.values())
+    for name in ranked:
+        out.append(name)
+        acc += held[name]
+        if 2 * acc >= total:
+            break
+    return out
+
+
+def deferred_order(graph: Graph, eighths: int) -> list[str]:
+    """The order ``deferred-K`` (K = ``eighths``): ``deferred_phases``, ``best_no_offload_order`` within each phase;
+    ``best_no_offload_order`` itself when nothing is stored back."""
+    got = deferred_phases(graph, eighths)
+    if got is None:
+        return best_no_offload_order(graph)
+    phases, base = got
+    return phased_order(graph.dag, {name: (phases[name], i) for i, name in enumerate(base)})
+
+
+def deferred_phases(graph: Graph, eighths: int) -> tuple[dict[str, int], list[str]] | None:
+    """Each op's phase in the order ``deferred-K`` (K = ``eighths``), and the order that breaks ties within a phase
+    (``best_no_offload_order``); None when nothing is stored back. The phases:
+
+    0. the shortest prefix of ``best_no_offload_order`` that holds K eighths of the ops the ``first_release``
+       updates need (with gradient accumulation: the first K eighths of the micro-batches, run in full);
+    1. the rest of what those updates need, and the updates (the other micro-batches' forward passes and the top
+       layers' backward);
+    2. the other updates of stored-back tensors and the ops that lead only to them, as soon as they are ready;
+    3. everything else (the lower layers' backward of the deferred micro-batches).
+
+    Why: with gradient accumulation a layer's optimizer step waits for that layer's backward in every micro-batch,
+    and its Store back to the remote tier for the step. Run micro-batch by micro-batch, the top layers' steps,
+    which hold most of the stored-back bytes, are released only in the last micro-batch, and the Stores, which
+    take longer than the compute, queue after it (DeepSeek-V3 training at 60% of its peak: the first release at
+    764 ms, then 1.54 s of Stores). Deferring the lower layers' backward of the last micro-batches releases them
+    earlier; ``store_release_order`` defers it for every micro-batch, and holds every activation that long."""
+    first = first_release(graph)
+    if not first:
+        return None
+    base = best_no_offload_order(graph)
+    dag = graph.dag
+    needed = set(first).union(*(nx.ancestors(dag, name) for name in first))
+    goal = len(needed) * eighths / 8
+    phases: dict[str, int] = {}
+    count = 0
+    for name in base:
+        if count >= goal:
+            break
+        phases[name] = 0
+        count += name in needed
+    stored = {name for name in base if any(_stored_back(graph, t) for t in graph.op(name).updates)}
+    soon: set[str] = set()
+    for name in reversed(base):
+        succ = list(dag.successors(name))
+        if name in stored or (len(succ) == 1 and succ[0] in soon):
+            soon.add(name)
+    # The ops that lead to no stored-back update (a pipeline stage's send of its forward output) run with the first
+    # release's: deferred, they would hold what they read.
+    leads: set[str] = set()
+    stack = list(stored)
+    while stack:
+        for p in dag.predecessors(stack.pop()):
+            if p not in leads:
+                leads.add(p)
+                stack.append(p)
+    for name in base:
+        if name not in phases:
+            phases[name] = 1 if name in needed or (name not in leads and name not in stored) else \
+                2 if name in soon else 3
+    # The deferred ops run by the next release they lead to (the top layers' remaining steps, then the next layer's),
+    # as ``store_release_order`` runs them; ``best_no_offload_order`` breaks ties, and orders the other phases.
+    ranked = sorted(stored, key=lambda name: (len(nx.ancestors(dag, name)), base.index(name)))
+    release = {name: k for k, name in enumerate(ranked)}
+    for name in reversed(base):
+        release[name] = min([release.get(name, len(ranked))] + [release[s] for s in dag.successors(name)])
+    pos = {name: i for i, name in enumerate(base)}
+    ties = sorted(base, key=lambda name: (release[name] if phases[name] == 3 else -1, pos[name]))
+    return phases, ties
+
+
+def phased_order(dag: nx.DiGraph, key: dict[str, tuple]) -> list[str]:
+    """The topological order of ``dag`` that runs, among the ready ops, the one of the smallest ``key`` first."""
+    waiting = {name: dag.in_degree(name) for name in key}
+    ready = [(key[name], name) for name in key if waiting[name] == 0]
+    heapq.heapify(ready)
+    out: list[str] = []
+    while ready:
+        _, name = heapq.heappop(ready)
+        out.append(name)
+        for s in dag.successors(name):
+            waiting[s] -= 1
+            if waiting[s] == 0:
+                heapq.heappush(ready, (key[s], s))
     return out
 
 

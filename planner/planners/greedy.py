@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import bisect
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
@@ -48,10 +49,11 @@ from planner.gc_pause import gc_paused
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
 from planner.offsets_cpsat import EFFORT, offsets_within
-from planner.orders import live_bytes, named_order
+from planner.orders import DEFERRED, live_bytes, named_order
 from planner.placement import plan_placement
 from planner.plan import COMPUTE, Plan, PlanStatus, ProgramBuilder
 from planner.planned import Planned, place_statically
+from planner.planners.greedy_deferred import DEFERRED_EIGHTHS, DEFERRED_MAX_OPS, plan_deferred
 from planner.planners.greedy_remat import chains_apply, plan_remat_chains
 from planner.planners.greedy_select import Answers, Context, Gap, cover_all, select_gaps
 from planner.planners.none import plan_none
@@ -139,9 +141,34 @@ def plan_greedy_timed(
     settings = Settings(int(select_distance), int(select_num), int(prefetch_distance), int(release_distance))
     answers = answers_of(recompute, offload)
     with gc_paused():  # millions of short-lived objects and no cycles (planner/gc_pause.py)
+        def rewritten(ctx: Context) -> Planned:
+            return planned_with_context(ctx, settings, offsets=_flag(offsets))
+
+        deferred = DEFERRED.fullmatch(order)
+        if deferred:
+            out = plan_deferred(graph, hw, int(deferred.group(1)), answers, rewritten)
+            if out is not None:
+                return out
         contexts = auto_contexts(graph, hw, answers) if order == "auto" else [Context(graph, hw, order, answers)]
-        return min((planned_with_context(ctx, settings, offsets=_flag(offsets)) for ctx in contexts),
-                   key=rank_planned)
+        outs = [planned_with_context(ctx, settings, offsets=_flag(offsets)) for ctx in contexts]
+        if order == "auto":
+            outs += deferred_candidates(graph, hw, answers, rewritten)
+        return min(outs, key=rank_planned)
+
+
+def deferred_candidates(graph: Graph, hw: Hardware, answers: Answers,
+                        plan_rewritten: Callable[[Context], Planned]) -> list[Planned]:
+    """The plans in the deferred orders ``auto`` tries (``DEFERRED_EIGHTHS``), on graphs that store tensors back, of
+    up to ``DEFERRED_MAX_OPS`` ops, where re-runs are allowed."""
+    if not answers.recompute or len(graph.ops) > DEFERRED_MAX_OPS:
+        return []
+    outs = []
+    for k in DEFERRED_EIGHTHS:
+        out = plan_deferred(graph, hw, k, answers, plan_rewritten)
+        if out is None:
+            return []
+        outs.append(out)
+    return outs
 
 
 def answers_of(recompute: bool | str = True, offload: bool | str = True) -> Answers:
@@ -755,5 +782,5 @@ def emit(ctx: Context, gaps: list[Gap], name: str = "greedy", counts: np.ndarray
     return pb.build(ctx.graph.name, name)
 
 
-__all__ = ["DEFAULTS", "Answers", "Settings", "answers_of", "auto_contexts", "plan_greedy", "plan_greedy_timed",
-           "plan_with_context", "planned_with_context", "build_plan", "emit"]
+__all__ = ["DEFAULTS", "Answers", "Settings", "answers_of", "auto_contexts", "deferred_candidates", "plan_greedy",
+           "plan_greedy_timed", "plan_with_context", "planned_with_context", "build_plan", "emit"]

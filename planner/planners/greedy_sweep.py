@@ -6,7 +6,7 @@ peak, then the earliest point of the grid. The best two and the defaults are pla
 (which may replan against a lower budget) and the best of those is returned; its settings are recorded in
 ``Plan.options`` (with the sweep's counts in ``Plan.stats``), so reports compare against greedy at its best
 rather than at an arbitrary default. With ``order=auto`` the grid is run on every order greedy's ``auto`` plans
-(``greedy.auto_contexts``).
+(``greedy.auto_contexts``, and the deferred orders with their re-runs, ``greedy_deferred.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from planner.executor import simulate
 from planner.gc_pause import gc_paused
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
+from planner.orders import DEFERRED
 from planner.plan import Plan, PlanStatus
+from planner.planned import Planned
 from planner.planners.greedy import (
     DEFAULTS,
     Settings,
@@ -27,9 +29,12 @@ from planner.planners.greedy import (
     answers_of,
     auto_contexts,
     build_plan,
+    deferred_candidates,
     plan_with_context,
     planned_with_context,
+    rank_planned,
 )
+from planner.planners.greedy_deferred import plan_deferred
 from planner.planners.greedy_select import Context
 
 FINALISTS = 2
@@ -71,10 +76,31 @@ def plan_greedy_sweep(
     best of those wins, so the sweep is never worse than ``greedy`` with its defaults. ``recompute`` and ``offload``
     as for ``greedy``: they hold at every point.
     """
-    # As greedy's own ``auto``: every order it plans is swept.
+    # As greedy's own ``auto``: every order it plans is swept; of the deferred ones, the best at greedy's defaults.
     answers = answers_of(recompute, offload)
+
+    def swept(ctx: Context) -> Planned:
+        plan = sweep_contexts([ctx], grid, offsets, finalists)
+        return Planned(plan, simulate(ctx.graph, ctx.hw, plan))
+
+    deferred = DEFERRED.fullmatch(order)
+    if deferred:
+        out = plan_deferred(graph, hw, int(deferred.group(1)), answers, swept)
+        if out is not None:
+            return out.plan
     contexts = auto_contexts(graph, hw, answers) if order == "auto" else [Context(graph, hw, order, answers)]
-    return sweep_contexts(contexts, grid, offsets, finalists)
+    plan = sweep_contexts(contexts, grid, offsets, finalists)
+    if order != "auto":
+        return plan
+    outs = [Planned(plan, simulate(graph, hw, plan))]
+    others = deferred_candidates(graph, hw, answers, lambda ctx: planned_with_context(ctx, Settings(), offsets))
+    if others:
+        best = min(others, key=rank_planned)
+        again = plan_deferred(graph, hw, int(DEFERRED.fullmatch(best.plan.options["order"]).group(1)), answers,
+                                 swept)
+        outs += [best] + ([again] if again is not None else [])
+    out = min(outs, key=rank_planned).plan
+    return out if out.options.get("sweep") else replace(out, options=dict(out.options, sweep=True))
 
 
 def sweep_contexts(contexts: list[Context], grid: dict | None = None, offsets: bool = True,

@@ -35,7 +35,7 @@ from planner.executor import simulate
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
 from planner.offsets_cpsat import EXACT_MAX_BLOCKS
-from planner.orders import best_no_offload_order, live_bytes
+from planner.orders import best_no_offload_order, first_release, live_bytes
 from planner.placement import with_placement
 from planner.plan import Plan, PlanStatus
 from planner.planned import Planned, place_statically
@@ -53,10 +53,12 @@ from planner.planners.greedy import (
     answers_of,
     auto_contexts,
     build_plan,
+    deferred_candidates,
     plan_greedy,
     planned_with_context,
     rank_planned,
 )
+from planner.planners.greedy_deferred import DEFERRED_EIGHTHS, DEFERRED_MAX_OPS
 from planner.planners.greedy_select import Answers, Context
 from planner.planners.greedy_sweep import FINALISTS, grid_points, plan_greedy_sweep, sweep_contexts
 from planner.planners.none import no_offload_program, plan_none
@@ -437,6 +439,7 @@ def starting_plans(run: Run, start: str = "auto") -> tuple[tuple[Plan, Timeline]
                 greedy_ctxs = [(contexts[k], spent[k]) for k in [best_k] + [k for k in range(len(outs)) if k != best_k]]
                 greedy_plans = [(contexts[k], outs[k]) for k in [best_k] + [k for k in range(len(outs)) if k != best_k]]
                 cands.append((out.plan, out.timeline))
+                cands += _deferred_starts(run, answers, max(spent))
             else:
                 kw = {"recompute": run.recompute, "offload": run.offload} if name.startswith("greedy") else {}
                 plan = fn(g, hw, **kw)
@@ -463,6 +466,24 @@ def starting_plans(run: Run, start: str = "auto") -> tuple[tuple[Plan, Timeline]
     best = min(pool, key=lambda c: (c[1].metrics.makespan_ns, c[1].metrics.peak_bytes[HBM]))
     run.record.start_candidates = {c[0].planner: c[1].metrics.makespan_ns / 1000 for c in cands if c[1].valid}
     return best, _search_start(run, best, greedy_plans)
+
+
+def _deferred_starts(run: Run, answers: Answers, greedy_s: float) -> list[tuple[Plan, Timeline]]:
+    """Greedy's plans in the deferred orders with their re-runs (``greedy.deferred_candidates``), as starting
+    candidates, when their estimate fits in the time left: each a greedy run on a graph up to a fifth larger
+    (``greedy_s``: greedy's longest run on an order here; deterministic runs estimate it from the op count)."""
+    g, hw = run.graph, run.hw
+    if not answers.recompute or len(g.ops) > DEFERRED_MAX_OPS or not first_release(g):
+        return []
+    per_run = len(g.ops) * SWEEP_S_PER_OP if run.deterministic else greedy_s
+    estimate = len(DEFERRED_EIGHTHS) * 1.2 * per_run
+    if not _affordable(run, estimate):
+        run.notes.append(f"no deferred orders: about {estimate:.0f} s, more than the time left allows")
+        return []
+    run.start_s += estimate
+    outs = deferred_candidates(g, hw, answers,
+                               lambda ctx: planned_with_context(ctx, Settings(), deadline=run.deadline))
+    return [(out.plan, out.timeline) for out in outs]
 
 
 def sampled_count(run: Run) -> int:
