@@ -93,7 +93,8 @@ def plan_greedy_sweep(
     if order != "auto":
         return plan
     outs = [Planned(plan, simulate(graph, hw, plan))]
-    others = deferred_candidates(graph, hw, answers, lambda ctx: planned_with_context(ctx, Settings(), offsets))
+    others = deferred_candidates(graph, hw, answers,
+                                 lambda ctx: planned_with_context(ctx, Settings(), offsets, name="greedy-sweep"))
     if others:
         best = min(others, key=rank_planned)
         again = plan_deferred(graph, hw, int(DEFERRED.fullmatch(best.plan.options["order"]).group(1)), answers,

@@ -129,8 +129,11 @@ def test_greedy_takes_the_deferred_order_where_it_pays():
     # Named, it gives the same plan again; the sweep is never slower than greedy's defaults.
     again = api.plan(g, hw, planner="greedy", order=best.plan.options["order"])
     assert again.plan.steps == best.plan.steps
-    sweep = simulate(g, hw, plan_greedy_sweep(g, hw))
+    swept = plan_greedy_sweep(g, hw)
+    sweep = simulate(g, hw, swept)
     assert sweep.valid and sweep.metrics.makespan_ns <= best.timeline.metrics.makespan_ns
+    # Recorded as the sweep's (a schedule file checks a plan's options against its planner's).
+    assert swept.planner == "greedy-sweep" and swept.options["sweep"] is True
 
 
 @pytest.mark.parametrize("value, ok", [("deferred-0", True), ("deferred-7", True), ("deferred-8", False),
