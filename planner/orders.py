@@ -207,42 +207,39 @@ def store_release_order(graph: Graph, order: Sequence[str]) -> list[str]:
     1.89 s with unbounded HBM, against a bound of 1.84 s). Every micro-batch's activations then stay alive
     longer (its peak 61 -> 71 GB there), so planners weigh it as one order among others.
     """
+    ranked = _releases(graph, order)
+    if not ranked:
+        return list(order)
+    key = _release_keys(graph, order, ranked)
+    return phased_order(graph.dag, {name: (key[name], i) for i, name in enumerate(order)})
+
+
+def _releases(graph: Graph, order: Sequence[str]) -> list[str]:
+    """The updates of tensors stored back to a remote tier, the one with the fewest ancestors (the first that can
+    be released, whatever the graph lists first) first; ``order`` breaks ties."""
     pos = {name: i for i, name in enumerate(order)}
     dag = graph.dag
     updates = [name for name in order if any(_stored_back(graph, t) for t in graph.op(name).updates)]
-    if not updates:
-        return list(order)
-    # The update with the fewest ancestors can be released first, whatever the graph lists first.
-    updates.sort(key=lambda name: (len(nx.ancestors(dag, name)), pos[name]))
-    rank = {name: k for k, name in enumerate(updates)}
+    return sorted(updates, key=lambda name: (len(nx.ancestors(dag, name)), pos[name]))
+
+
+def _release_keys(graph: Graph, order: Sequence[str], ranked: list[str]) -> dict[str, int]:
+    """Each op's key: the place in ``ranked`` of the first-ranked update it leads to (``len(ranked)``: none)."""
+    rank = {name: k for k, name in enumerate(ranked)}
+    dag = graph.dag
     key: dict[str, int] = {}
     for name in reversed(list(order)):
-        key[name] = min([rank.get(name, len(updates))] + [key[s] for s in dag.successors(name)])
-    waiting = {name: dag.in_degree(name) for name in order}
-    ready = [(key[name], pos[name], name) for name in order if waiting[name] == 0]
-    heapq.heapify(ready)
-    out: list[str] = []
-    while ready:
-        _, _, name = heapq.heappop(ready)
-        out.append(name)
-        for s in dag.successors(name):
-            waiting[s] -= 1
-            if waiting[s] == 0:
-                heapq.heappush(ready, (key[s], pos[s], s))
-    return out
+        key[name] = min([rank.get(name, len(ranked))] + [key[s] for s in dag.successors(name)])
+    return key
 
 
 def first_release(graph: Graph) -> list[str]:
     """The updates of tensors stored back to a remote tier that can release their Stores first: ranked by their
     number of ancestors (as ``store_release_order``), the first ones whose tensors hold at least half the
     stored-back bytes. Empty when nothing is stored back."""
-    dag = graph.dag
-    held: dict[str, int] = {}
-    for op in graph.ops:
-        b = sum(graph.tensors[t].bytes for t in op.updates if _stored_back(graph, t))
-        if b:
-            held[op.name] = b
-    ranked = sorted(held, key=lambda name: (len(nx.ancestors(dag, name)), graph.op_index[name]))
+    ranked = _releases(graph, graph_order(graph))
+    held = {name: sum(graph.tensors[t].bytes for t in graph.op(name).updates if _stored_back(graph, t))
+            for name in ranked}
     out, acc, total = [], 0, sum(held.values())
     for name in ranked:
         out.append(name)
@@ -258,20 +255,22 @@ def deferred_order(graph: Graph, eighths: int) -> list[str]:
     got = deferred_phases(graph, eighths)
     if got is None:
         return best_no_offload_order(graph)
-    phases, base = got
-    return phased_order(graph.dag, {name: (phases[name], i) for i, name in enumerate(base)})
+    phases, ties = got
+    return phased_order(graph.dag, {name: (phases[name], i) for i, name in enumerate(ties)})
 
 
 def deferred_phases(graph: Graph, eighths: int) -> tuple[dict[str, int], list[str]] | None:
     """Each op's phase in the order ``deferred-K`` (K = ``eighths``), and the order that breaks ties within a phase
-    (``best_no_offload_order``); None when nothing is stored back. The phases:
+    (not a topological order across phases); None when nothing is stored back. The phases:
 
     0. the shortest prefix of ``best_no_offload_order`` that holds K eighths of the ops the ``first_release``
        updates need (with gradient accumulation: the first K eighths of the micro-batches, run in full);
     1. the rest of what those updates need, and the updates (the other micro-batches' forward passes and the top
        layers' backward);
+       With them, the ops that lead to no stored-back update (a pipeline stage's send of its forward output);
     2. the other updates of stored-back tensors and the ops that lead only to them, as soon as they are ready;
-    3. everything else (the lower layers' backward of the deferred micro-batches).
+    3. everything else (the lower layers' backward of the deferred micro-batches), by the first-ranked update
+       each leads to (layer by layer, as ``store_release_order``).
 
     Why: with gradient accumulation a layer's optimizer step waits for that layer's backward in every micro-batch,
     and its Store back to the remote tier for the step. Run micro-batch by micro-batch, the top layers' steps,
@@ -293,7 +292,8 @@ def deferred_phases(graph: Graph, eighths: int) -> tuple[dict[str, int], list[st
             break
         phases[name] = 0
         count += name in needed
-    stored = {name for name in base if any(_stored_back(graph, t) for t in graph.op(name).updates)}
+    ranked = _releases(graph, base)
+    stored = set(ranked)
     soon: set[str] = set()
     for name in reversed(base):
         succ = list(dag.successors(name))
@@ -314,10 +314,7 @@ def deferred_phases(graph: Graph, eighths: int) -> tuple[dict[str, int], list[st
                 2 if name in soon else 3
     # The deferred ops run by the next release they lead to (the top layers' remaining steps, then the next layer's),
     # as ``store_release_order`` runs them; ``best_no_offload_order`` breaks ties, and orders the other phases.
-    ranked = sorted(stored, key=lambda name: (len(nx.ancestors(dag, name)), base.index(name)))
-    release = {name: k for k, name in enumerate(ranked)}
-    for name in reversed(base):
-        release[name] = min([release.get(name, len(ranked))] + [release[s] for s in dag.successors(name)])
+    release = _release_keys(graph, base, ranked)
     pos = {name: i for i, name in enumerate(base)}
     ties = sorted(base, key=lambda name: (release[name] if phases[name] == 3 else -1, pos[name]))
     return phases, ties

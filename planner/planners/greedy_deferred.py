@@ -60,7 +60,7 @@ def deferral(graph: Graph, eighths: int) -> Deferral | None:
     got = deferred_phases(graph, eighths)
     if got is None:
         return None
-    phases, base = got
+    phases, ties = got
     wanted = _rerun(graph, phases)
     if not wanted:
         return None
@@ -89,7 +89,7 @@ def deferral(graph: Graph, eighths: int) -> Deferral | None:
     draft = Graph.build(graph.name, tensors, ops, metadata=graph.metadata)
     # A copy runs after every read of the originals it makes again (the executor's re-run makes only what is not
     # on HBM, and the original is dropped after its last read).
-    key: dict[str, tuple] = {name: (phases[name], i, 0) for i, name in enumerate(base)}
+    key: dict[str, tuple] = {name: (phases[name], i, 0) for i, name in enumerate(ties)}
     copy_of = {c.name: name for name, c in copies.items()}
     dag = draft.dag.copy()
     for name, c in copies.items():
@@ -102,7 +102,7 @@ def deferral(graph: Graph, eighths: int) -> Deferral | None:
     for name in sorted(copies, key=lambda n: -key[n][1]):
         readers = {r for t in copies[name].outputs for r in draft.users[t]}
         first[name] = min(key[r] if r in key else first[copy_of[r]] for r in readers)
-    for group in _blocks(graph, copies, base).values():
+    for group in _blocks(graph, copies, ties).values():
         start = min(first[c] for c in group)
         for c in group:
             # The block starts before its first reader; within it, what is read first is made first.
@@ -113,14 +113,15 @@ def deferral(graph: Graph, eighths: int) -> Deferral | None:
     return Deferral(rewritten, copy_of, {copied(t): t for t in made})
 
 
-def _blocks(graph: Graph, copies: dict[str, Op], base: list[str]) -> dict[str, list[str]]:
+def _blocks(graph: Graph, copies: dict[str, Op], ties: list[str]) -> dict[str, list[str]]:
     """The re-runs that run together, in the order their originals ran, right before the first deferred op that
     reads one of them (as a framework recomputes a checkpointed layer before its backward), by first original.
 
     The segments (re-runs that make one another's inputs) are grouped in the order their originals ran, each group
     up to twice the bytes of the largest segment: a transformer layer's attention and MLP segments together, the
-    next layer apart. On DeepSeek-V3 training at 60% of its peak (``deferred-5``), each segment right before its
-    own first reader ran 2443 ms, each layer together 2250 ms, each micro-batch's three layers together 2674 ms."""
+    next layer apart. On DeepSeek-V3 training at 60% of its peak (a prototype's phases, five micro-batches deferred),
+    each segment right before its own first reader ran 2443 ms, each layer together 2250 ms, each micro-batch's three
+    layers together 2674 ms. ``ties`` orders the originals (``deferred_phases``)."""
     segment = nx.utils.UnionFind(copies)
     producer = graph.producer
     for name in copies:
@@ -128,7 +129,7 @@ def _blocks(graph: Graph, copies: dict[str, Op], base: list[str]) -> dict[str, l
             if producer.get(t) in copies:
                 segment.union(name, producer[t])
     members: dict[str, list[str]] = {}
-    pos = {name: i for i, name in enumerate(base)}
+    pos = {name: i for i, name in enumerate(ties)}
     for name in sorted(copies, key=pos.__getitem__):
         members.setdefault(segment[name], []).append(name)
     made = {root: sum(graph.tensors[t].bytes for n in ms for t in graph.op(n).outputs) for root, ms in members.items()}
