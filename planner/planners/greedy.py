@@ -162,13 +162,8 @@ def deferred_candidates(graph: Graph, hw: Hardware, answers: Answers,
     up to ``DEFERRED_MAX_OPS`` ops, where re-runs are allowed."""
     if not answers.recompute or len(graph.ops) > DEFERRED_MAX_OPS:
         return []
-    outs = []
-    for k in DEFERRED_EIGHTHS:
-        out = plan_deferred(graph, hw, k, answers, plan_rewritten)
-        if out is None:
-            return []
-        outs.append(out)
-    return outs
+    outs = (plan_deferred(graph, hw, k, answers, plan_rewritten) for k in DEFERRED_EIGHTHS)
+    return [out for out in outs if out is not None]
 
 
 def answers_of(recompute: bool | str = True, offload: bool | str = True) -> Answers:
