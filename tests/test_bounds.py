@@ -196,3 +196,36 @@ def test_the_per_op_bound_fetches_back_after_the_op_what_its_descendants_read():
     # With p free to re-run, a may be dropped and made again after m instead: the fetch no longer counts.
     free = Graph.build("fetch_after_remat", tensors, [Op("p", "F", ("x",), ("a", "s"), duration_s=NS), *ops[1:]])
     assert bounds.makespan_bound(free, hw).value < 10
+
+
+def _crowded_window(floater_ns: int) -> Graph:
+    """a makes h and h2 and reads w (100 B, pinned to HBM); m's 150 B workspace leaves no room for w, which b reads
+    after m; f, unordered with m, reads h2 (100 B)."""
+    tensors = [Tensor("x", 1, TensorKind.INPUT), Tensor("w", 100, TensorKind.WEIGHT), Tensor("h", 1),
+               Tensor("h2", 100), Tensor("o", 1), Tensor("z", 1, TensorKind.OUTPUT), Tensor("y", 1, TensorKind.OUTPUT)]
+    ops = [Op("a", "F", ("x", "w"), ("h", "h2"), duration_s=10 * NS, recompute=False),
+           Op("m", "F", ("h",), ("o",), duration_s=10 * NS, workspace_bytes=150),
+           Op("b", "F", ("o", "w"), ("y",), duration_s=10 * NS),
+           Op("f", "F", ("h2",), ("z",), duration_s=floater_ns * NS)]
+    return Graph.build("crowded_window", tensors, ops)
+
+
+def test_the_window_bound_waits_for_what_a_crowded_op_forced_off():
+    # At m, w (100 B), h, o and the workspace exceed the 210 B budget by 42 B: they are off HBM when m ends and come
+    # back before b (42 ns at 1 B/ns), which only f could hide; f would need h2 (100 B) back too, 100 ns for its
+    # 40 ns. So 70 ns of compute + 42 ns, where the other bounds say 94 ns at most (42 ns of Stores first). The
+    # proven optimum is 220 ns.
+    from planner.planners.exact import plan_exact
+
+    g, hw = _crowded_window(40), simple_hardware(hbm=210)
+    found = bounds.makespan_bounds(g, hw)
+    window = [b.value for b in found if b.reason.startswith("window after op 'm'")]
+    assert window == [pytest.approx(112, abs=0.01)]
+    assert max(b.value for b in found if not b.reason.startswith("window")) == 94
+    optimum = plan_exact(g, hw)
+    tl = simulate(g, hw, optimum)
+    assert tl.valid and optimum.stats["exact"]["proven"] and optimum.stats["exact"]["optimum_ns"] == 220
+    # A floater that reads nothing made before m hides the fetch: no window bound above the compute.
+    free = Graph.build("crowded_window_free", list(g.tensors.values()),
+                       [*g.ops[:3], Op("f", "F", ("x",), ("z",), duration_s=60 * NS)])
+    assert not [b for b in bounds.makespan_bounds(free, hw) if b.reason.startswith("window")]
