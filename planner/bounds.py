@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from ortools.linear_solver import pywraplp
+from ortools.sat.python import cp_model
 
 from planner.cost import op_durations_ns, transfer_duration_ns
 from planner.graph import Graph
@@ -296,15 +298,16 @@ def makespan_bounds(graph: Graph, hw: Hardware, recompute: bool = True) -> list[
 # The window bound examines the ops whose alive bytes most exceed the budget, a few targets after each, and at
 # most this many descendants of each as targets (evenly spaced in the graph's order); graphs above the size cap
 # skip it (its per-op passes are those of the per-op bound, on every op examined). The linear program ranks the
-# pairs; the integer one runs on the best few, single-threaded under a deterministic time limit, so the same
+# pairs; the integer one runs on the best, single-threaded under a deterministic time limit, so the same
 # input gives the same bound (0.5 deterministic seconds: about 1 s of wall time, and within 2% of the proven
 # optimum, on NSA-128k at 60%).
 WINDOW_MAX_OPS = 5000
 WINDOW_OPS = 8
 WINDOW_TARGETS = 2
 WINDOW_DESCENDANTS = 400
-WINDOW_INTEGER = 2
+WINDOW_INTEGER = 1
 WINDOW_INTEGER_DETERMINISTIC_S = 0.5
+WINDOW_INTEGER_MIN_GAIN = 0.002  # of the total compute
 
 
 @dataclass(frozen=True)
@@ -405,7 +408,10 @@ def window_bound(graph: Graph, crowded: list[tuple[float, int]], classes: _Class
             found.append((lp, lp, op.name, graph.ops[x].name, window))
     found.sort(key=lambda f: -f[0])
     for k, (lp, _, o_name, x_name, window) in enumerate(found[:WINDOW_INTEGER]):
-        found[k] = (lp, max(lp, _window_integer(window)), o_name, x_name, window)
+        # The integer optimum lies between the relaxation's and the stall with no floater in the window: not worth
+        # a solve where those are close.
+        if window.back_ns - window.fill_ns - lp > WINDOW_INTEGER_MIN_GAIN * total:
+            found[k] = (lp, max(lp, _window_integer(window)), o_name, x_name, window)
     found = [f for f in found if f[1] > 0]
     if not found:
         return None
@@ -444,8 +450,6 @@ def _window(reads: list[list[int]], floaters: np.ndarray, alive: np.ndarray, a: 
 
 def _window_lp(w: _Window) -> float:
     """The least stall (ns) over fractional choices (GLOP), a little under its optimum for the tolerances."""
-    from ortools.linear_solver import pywraplp
-
     solver = pywraplp.Solver.CreateSolver("GLOP")
     var = {(kind, k): solver.NumVar(0, 1, "") for kind, costs in (("run", w.run_ns), ("fetch", w.fetch_ns),
                                                                   ("remake", w.remake_ns)) for k in costs}
@@ -464,8 +468,6 @@ def _window_lp(w: _Window) -> float:
 def _window_integer(w: _Window) -> float:
     """CP-SAT's proven lower bound (ns) on the least stall over integral choices, in microseconds rounded the
     safe way (fetches and re-runs down, the window's compute up)."""
-    from ortools.sat.python import cp_model
-
     model = cp_model.CpModel()
     var = {(kind, k): model.NewBoolVar("") for kind, costs in (("run", w.run_ns), ("fetch", w.fetch_ns),
                                                                ("remake", w.remake_ns)) for k in costs}
