@@ -5,9 +5,8 @@ the least HBM, the most stall). Then, in the order of the gaps, each cache op is
 positions to where the cost model says the stall is lowest, and among those to the one that holds the least
 memory, without letting the HBM count of any op exceed the budget:
 
-* a Store starts when its version is written (``store_ready``) and its link is free (links are modelled as FIFO
-  queues of their channels, stores as soon as possible in the order their room is needed, ``store_queued``);
-  the Detach waits for it on the compute
+* a Store starts when the use before the gap ends and its link is free (links are modelled as FIFO queues of
+  their channels, stores as soon as possible in order of their gaps); the Detach waits for it on the compute
   stream, so the Detach goes to the first op that starts after the Store is estimated to end, and at least
   ``release_distance`` ops after the use;
 * Prefetches are scheduled as late as possible on their link, backwards from their deadlines (the start of the

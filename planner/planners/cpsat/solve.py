@@ -90,7 +90,6 @@ EXACT_OFFSETS_S = 1.0
 REACTIVE_START_MAX_OPS = 10_000
 # An optional phase (another starting planner) runs when its estimate is at most this share of the time left.
 AFFORDABLE_SHARE = 0.25
-DEFERRED_SHARE = 0.45  # of the time left, for the deferred orders' starting plans (``_deferred_starts``)
 # Greedy's sweep gets a larger share: cpsat promises never to end slower than the sweep's best point, and its
 # estimate runs high (finalists reuse what greedy's run prepared: on Checkmate's random_n500 at 0.8, 2 workers,
 # 12.4 s estimated for 6.4 s spent). At 0.25 the sweep was skipped there and cpsat ended at +72.7% against the
@@ -478,10 +477,7 @@ def _deferred_starts(run: Run, answers: Answers, greedy_s: float) -> list[tuple[
         return []
     per_run = len(g.ops) * SWEEP_S_PER_OP if run.deterministic else greedy_s
     estimate = len(DEFERRED_EIGHTHS) * 1.2 * per_run
-    # A larger share than other phases: where a deferred order wins, greedy's plan in it is the start to beat (the
-    # paper suite at 70%, deepseek-v3-paper and llama3-8b-no2-4layers: about 17 and 14 s against a quarter of the
-    # time left, skipped, and cpsat returned 2176.96 and 798.75 ms where greedy's own ran 2147.39 and 746.86 ms).
-    if not _affordable(run, estimate, DEFERRED_SHARE):
+    if not _affordable(run, estimate):
         run.notes.append(f"no deferred orders: about {estimate:.0f} s, more than the time left allows")
         return []
     run.start_s += estimate
