@@ -69,10 +69,6 @@ CHAINS_MAX_OPS = 5000
 # On graphs up to this size, the search for a planning budget whose static offsets fit also steps back up (halfway
 # to the lowest budget that did not fit) after a budget too low to plan or one that fits: this many more plans.
 REFINE_MAX_OPS = 5000
-# Graphs up to this size are also planned with each Store after the use before its gap (``refine.store_ready``),
-# the better plan kept: early Stores gain on the NSA graphs at 60% and lose a little elsewhere (transformer_block
-# at 1 GB); above it, where a greedy run costs seconds, early Stores only.
-LATE_STORES_MAX_OPS = 500
 # Greedy's auto orders include the searched one (planner/order_search.py, a few seconds at 5,000 ops) up to this size.
 SEARCH_MAX_OPS = 5000
 SEARCH_GAIN = 0.01  # and only when it lowers their lowest peak by at least this share (else one more order to plan)
@@ -237,14 +233,6 @@ def planned_with_context(ctx: Context, settings: Settings, offsets: bool = True,
 def _planned_with_context(ctx: Context, settings: Settings, offsets: bool, name: str, deadline: float | None
                           ) -> Planned:
     out = _plan_offloading(ctx, settings, offsets, name, deadline)
-    if ctx.n <= LATE_STORES_MAX_OPS:
-        ctx.early_stores = False
-        try:
-            late = _plan_offloading(ctx, settings, offsets, name, deadline)
-        finally:
-            ctx.early_stores = True
-        if rank_planned(late) < rank_planned(out):
-            out = late
     plan = out.plan
     # Cheap necessary conditions first (the no-offload program and its run cost seconds on 30k-op graphs): the
     # no-offload order's live bytes without what starts remote, and what that program holds when the step ends.

@@ -193,8 +193,6 @@ class Context:
             ws[i] = op.workspace_bytes
         self.acc, self.upd = acc, upd
         self.writes = writes  # tensor -> the positions of the ops that make or update it
-        # Stores start once their version is written (``refine.store_ready``); False: after the use before the gap.
-        self.early_stores = True
         self.workspace = ws
         # Free tensors (home auto) that no op uses start on the fastest remote tier: nothing to gain on HBM.
         self.unused_remote = {t: self.tiers[0] for t in graph.free_tensors if not acc[t] and self.tiers}

@@ -125,9 +125,7 @@ def _home_bytes(ctx: Context) -> dict[str, int]:
 def store_ready(ctx: Context, gap: Gap) -> int:
     """The op after whose end the gap's Store may start: the last write of the tensor's version (its producer or
     an in-place update) at or before the use before the gap, so that the Store overlaps the reads in between
-    (-1: the version exists when the step starts). Without ``ctx.early_stores``: the use before the gap."""
-    if not ctx.early_stores:
-        return gap.a
+    (-1: the version exists when the step starts)."""
     w = ctx.writes[gap.tensor]
     i = bisect.bisect_right(w, gap.a)
     return w[i - 1] if i else -1
@@ -143,10 +141,8 @@ def store_queued(ctx: Context, gap: Gap) -> int:
     first, while the first attention waited for its room: NSA-128k 1084.76 -> 1045.84 ms, NSA-64k 545.63 ->
     518.41 ms, transformer_block 86.10 -> 81.70 ms. Queueing every Store at its write instead let the weights'
     Stores of LLaMA-3-8B training (``ho-plan paper``, 33.6 GB/s) crowd out the activations': 350.73 -> 382.23 ms.
-    Early Stores are not always better (transformer_block at 1 GB: 114.73 -> 115.97 ms), so greedy plans small
-    graphs both ways (``greedy.LATE_STORES_MAX_OPS``).
     """
-    if not ctx.early_stores or ctx.upd[gap.tensor] or gap.tensor in ctx.graph.producer:
+    if ctx.upd[gap.tensor] or gap.tensor in ctx.graph.producer:
         return gap.a
     return -1
 

@@ -412,37 +412,3 @@ def test_a_deadline_that_stops_the_replanning_for_offsets_is_recorded():
     cut = planned_with_context(Context(g, hw, "auto"), Settings(), deadline=time.monotonic())
     assert cut.plan.stats.get("deadline_cut") is True
     assert cut.timeline.valid and simulate(g, hw, cut.plan).valid
-
-
-def _weight_that_must_leave() -> Graph:
-    """w (100 B, pinned to HBM, read-only) is read by r1 and r2 (100 ns each), must be off HBM while m's 150 B
-    workspace runs (budget 200 B), and is read again by r3."""
-    ns = 1e-9
-    tensors = [Tensor("x", 1, TensorKind.INPUT), Tensor("w", 100, TensorKind.WEIGHT), Tensor("h1", 1),
-               Tensor("h2", 1), Tensor("h3", 1), Tensor("y", 1, TensorKind.OUTPUT)]
-    ops = [Op("r1", "F", ("x", "w"), ("h1",), duration_s=100 * ns),
-           Op("r2", "F", ("h1", "w"), ("h2",), duration_s=100 * ns),
-           Op("m", "F", ("h2",), ("h3",), duration_s=10 * ns, workspace_bytes=150),
-           Op("r3", "F", ("h3", "w"), ("y",), duration_s=10 * ns)]
-    return Graph.build("weight_must_leave", tensors, ops)
-
-
-def test_a_read_only_weight_is_stored_while_the_link_is_idle():
-    # Its Store need not wait for r2, its last read before m: stored from time 0 behind r1 and r2 (100 ns at
-    # 1 B/ns), detached after r2, fetched back after m: 200 + 10 + 100 + 10 = 320 ns, where a Store after r2 gives
-    # 420 ns.
-    from planner.planners.greedy_select import Context
-    from planner.planners.refine import store_queued, store_ready
-
-    g, hw = _weight_that_must_leave(), simple_hardware(hbm=200)
-    out = plan_greedy_timed(g, hw)
-    assert out.timeline.valid and simulate(g, hw, out.plan).valid
-    stores = [(s, t) for s, t in zip(out.plan.steps, out.timeline.steps) if s.kind is StepKind.STORE]
-    assert [(s.target, t.start_ns) for s, t in stores] == [("w", 0)]
-    assert out.timeline.metrics.makespan_ns == 320
-    # The rule itself: the weight's Store is ready and queued at the start; an activation's once it is made.
-    ctx = Context(g, hw)
-    w_gap = next(gp for gp in ctx.gaps if gp.tensor == "w" and gp.a == 1)
-    assert store_ready(ctx, w_gap) == -1 and store_queued(ctx, w_gap) == -1
-    ctx.early_stores = False
-    assert store_ready(ctx, w_gap) == 1 and store_queued(ctx, w_gap) == 1
