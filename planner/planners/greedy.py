@@ -57,7 +57,7 @@ from planner.planners.greedy_deferred import DEFERRED_EIGHTHS, DEFERRED_MAX_OPS,
 from planner.planners.greedy_remat import chains_apply, plan_remat_chains
 from planner.planners.greedy_select import Answers, Context, Gap, cover_all, select_gaps
 from planner.planners.none import plan_none
-from planner.planners.refine import place, resolve_copies, room_never_binds, store_queued, store_ready
+from planner.planners.refine import place, resolve_copies, room_never_binds
 from planner.timeline import Timeline
 from planner.units import format_bytes_exact, format_time_us
 
@@ -726,20 +726,17 @@ def emit(ctx: Context, gaps: list[Gap], name: str = "greedy", counts: np.ndarray
         if g.recompute is not None:
             redo_at.setdefault(g.u, []).append(g)
         if g.needs_store:
-            store_after.setdefault(store_queued(ctx, g), []).append(g)
+            store_after.setdefault(g.a, []).append(g)
     pb = ProgramBuilder()
     store_step: dict[int, int] = {}
     fetched: dict[tuple[str, int], int] = {}
     last_cs: int | None = None  # the last compute-stream step
 
-    op_step: dict[int, int] = {}  # op position -> its compute step
+    def stores(a: int, waits: list[int]) -> None:
+        for g in sorted(store_after.get(a, ()), key=lambda g: (g.u, g.tensor)):
+            store_step[id(g)] = pb.store(g.tensor, ctx.store_link[g.store_tier], waits=waits)
 
-    def stores(a: int) -> None:
-        for g in sorted(store_after.get(a, ()), key=lambda g: (g.a, g.u, g.tensor)):
-            w = store_ready(ctx, g)
-            store_step[id(g)] = pb.store(g.tensor, ctx.store_link[g.store_tier], waits=[op_step[w]] if w >= 0 else [])
-
-    stores(-1)
+    stores(-1, [])
     early = counts is not None and budget is not None
     for i in range(n):
         # Detaches that wait for nothing first, so that what they free is free at once; then (``early``) in the
@@ -772,8 +769,8 @@ def emit(ctx: Context, gaps: list[Gap], name: str = "greedy", counts: np.ndarray
             last_cs = pb.recompute(p.name, waits=[fetched[(t, i)] for t in p.reads if (t, i) in fetched])
         op = ctx.ops[i]
         waits = [fetched[(t, i)] for t in op.reads if (t, i) in fetched]
-        last_cs = op_step[i] = pb.compute(op.name, waits=waits)
-        stores(i)
+        last_cs = pb.compute(op.name, waits=waits)
+        stores(i, [last_cs])
     # Tensors that started the step on HBM and left it after their last use come back before the step ends.
     for g in sorted(fetch_at.get(n, ()), key=lambda g: g.tensor):
         pb.prefetch(g.tensor, ctx.fetch_link[g.fetch_tier], waits=[] if last_cs is None else [last_cs])

@@ -181,18 +181,14 @@ class Context:
         self._ns: dict[tuple[int, str], int] = {}
         acc: dict[str, list[int]] = {t: [] for t in graph.tensors}
         upd: dict[str, list[int]] = {t: [] for t in graph.tensors}
-        writes: dict[str, list[int]] = {t: [] for t in graph.tensors}
         ws = np.zeros(n, dtype=np.int64)
         for i, op in enumerate(self.ops):
             for t in dict.fromkeys(op.reads + op.outputs):
                 acc[t].append(i)
             for t in op.updates:
                 upd[t].append(i)
-            for t in dict.fromkeys(op.outputs + op.updates):
-                writes[t].append(i)
             ws[i] = op.workspace_bytes
         self.acc, self.upd = acc, upd
-        self.writes = writes  # tensor -> the positions of the ops that make or update it
         self.workspace = ws
         # Free tensors (home auto) that no op uses start on the fastest remote tier: nothing to gain on HBM.
         self.unused_remote = {t: self.tiers[0] for t in graph.free_tensors if not acc[t] and self.tiers}

@@ -138,10 +138,7 @@ def _sweep(contexts: list[Context], grid: dict | None, offsets: bool, finalists:
     ranked.sort()
     offsets = _flag(offsets)
     if not offsets:
-        # The best point, and the defaults of each order planned as greedy plans them (its full path may differ
-        # from ``build_plan``'s first pass), so that the sweep is never worse than greedy's defaults.
         chosen = [(c, k) for *_, c, k in ranked[:1]]
-        chosen += [(c, 0) for c in range(len(contexts)) if defaults and (c, 0) not in chosen]
     else:
         # The best points of each order and its defaults, so that the sweep is never worse than the sweep or greedy's
         # defaults on either order alone (static offsets can reorder points ranked without them). The defaults even

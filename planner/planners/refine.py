@@ -122,47 +122,20 @@ def _home_bytes(ctx: Context) -> dict[str, int]:
     return used
 
 
-def store_ready(ctx: Context, gap: Gap) -> int:
-    """The op after whose end the gap's Store may start: the last write of the tensor's version (its producer or
-    an in-place update) at or before the use before the gap, so that the Store overlaps the reads in between
-    (-1: the version exists when the step starts)."""
-    w = ctx.writes[gap.tensor]
-    i = bisect.bisect_right(w, gap.a)
-    return w[i - 1] if i else -1
-
-
-def store_queued(ctx: Context, gap: Gap) -> int:
-    """The op after which the gap's Store joins its link's queue (FIFO): the use before the gap, so that the
-    Stores go in the order their room is needed (each starts once its version is written, ``store_ready``, and the
-    link is free); for a tensor that exists when the step starts and that nothing writes (an inference weight),
-    the start, so that it is stored while the link is idle.
-
-    On the NSA graphs at 60% (greedy) the embedding table (1.85 GB) was stored only after 15 chunk inputs went
-    first, while the first attention waited for its room: NSA-128k 1084.76 -> 1045.84 ms, NSA-64k 545.63 ->
-    518.41 ms, transformer_block 86.10 -> 81.70 ms. Queueing every Store at its write instead let the weights'
-    Stores of LLaMA-3-8B training (``ho-plan paper``, 33.6 GB/s) crowd out the activations': 350.73 -> 382.23 ms.
-    """
-    if ctx.upd[gap.tensor] or gap.tensor in ctx.graph.producer:
-        return gap.a
-    return -1
-
-
 def _store_ends(ctx: Context, gaps: list[Gap]) -> dict[int, int]:
-    """Estimated end of each gap's Store: from its version's write (``store_ready``), FIFO per link, in the order
-    they join the queue (``store_queued``, then use before the gap, then use after it, then index)."""
-    S = ctx.S.tolist()  # S[w + 1]: the end of op w (``Context.end_of``), in one list lookup per gap
+    """Estimated end of each gap's Store: as soon as possible, FIFO per link, in order of the gaps (by use before
+    the gap, then use after it, then index)."""
+    S = ctx.S.tolist()  # S[a + 1]: the end of op a (``Context.end_of``), in one list lookup per gap
     free = {ln.name: [0] * ln.channels for ln in ctx.hw.links}
     store_link, transfer_ns = ctx.store_link, ctx.transfer_ns
     out: dict[int, int] = {}
     # Over a hundred thousand Stores on the 38.8k-op graph, placed up to three times a plan: tuples sorted as they
     # are, and one-channel links (the common case) without the search for the freest channel.
-    queue = sorted([(store_queued(ctx, gp), gp.a, gp.u, k) for k, gp in enumerate(gaps) if gp.needs_store])
-    for _q, _a, _u, k in queue:
+    for a, _u, k in sorted([(gp.a, gp.u, k) for k, gp in enumerate(gaps) if gp.needs_store]):
         gap = gaps[k]
         link = store_link[gap.store_tier]
         ch = free[link]
-        w = store_ready(ctx, gap)
-        ready = S[w + 1] if w >= 0 else 0
+        ready = S[a + 1] if a >= 0 else 0
         c = 0 if len(ch) == 1 else min(range(len(ch)), key=ch.__getitem__)
         end = (ready if ready > ch[c] else ch[c]) + transfer_ns(gap.bytes, link)
         ch[c] = out[k] = end

@@ -475,8 +475,8 @@ def test_reactive_is_no_starting_plan_above_its_size_limit(monkeypatch):
 
 
 def test_sampled_orders_start_the_search_from_a_faster_greedy_plan():
-    # transformer_block at 60% of its peak: greedy's best plan in the orders derived from rules runs 81.7 ms; in
-    # the best of the first 128 sampled orders 77.7 ms. The best two join the starting orders, the search starts
+    # transformer_block at 60% of its peak: greedy's best plan in the orders derived from rules runs 86.1 ms; in
+    # the best of the first 128 sampled orders 78.3 ms. The best two join the starting orders, the search starts
     # from the fastest plan, and that plan is valid.
     from planner.planners.greedy import plan_greedy
 
@@ -488,7 +488,7 @@ def test_sampled_orders_start_the_search_from_a_faster_greedy_plan():
     (plan, tl), _ = solve.starting_plans(run)
     kept = run.record.sampled_orders
     assert len(kept) == solve.SAMPLED_KEEP and all(name.startswith("sampled-") for name in kept)
-    assert tl.valid and tl.metrics.makespan_ns < 0.96 * rules.metrics.makespan_ns
+    assert tl.valid and tl.metrics.makespan_ns < 0.95 * rules.metrics.makespan_ns
     assert plan.compute_order() in [named_order(g, name) for name in kept]
 
 
