@@ -58,7 +58,7 @@ from planner.planners.greedy import (
     planned_with_context,
     rank_planned,
 )
-from planner.planners.greedy_deferred import DEFERRED_EIGHTHS, DEFERRED_MAX_OPS
+from planner.planners.greedy_deferred import DEFERRED_EIGHTHS, DEFERRED_MAX_OPS, plan_deferred
 from planner.planners.greedy_select import Answers, Context
 from planner.planners.greedy_sweep import FINALISTS, grid_points, plan_greedy_sweep, sweep_contexts
 from planner.planners.none import no_offload_program, plan_none
@@ -90,6 +90,14 @@ EXACT_OFFSETS_S = 1.0
 REACTIVE_START_MAX_OPS = 10_000
 # An optional phase (another starting planner) runs when its estimate is at most this share of the time left.
 AFFORDABLE_SHARE = 0.25
+# From this limit on, the deferred orders' starting plans (``_deferred_starts``) are planned one by one while each
+# fits in this larger share of the time left: where a deferred order wins, greedy's plan in it is the start to beat
+# (the paper suite at 60-80%, deepseek-v3-paper and llama3-8b-no2-4layers, all three skipped at a quarter: cpsat
+# returned 2374.48, 2178.43 and 798.71 ms where greedy's own, in ``deferred-0``, ran 2207.11, 2146.44 and 746.86).
+# Below it they go all or none at a quarter: on transformer_block at 1 GB with 10 s (the README's run) a larger
+# share left no time for the search (110.87 -> 114.73 ms).
+DEFERRED_SHARE = 0.45
+DEFERRED_SHARE_MIN_S = 30.0
 # Greedy's sweep gets a larger share: cpsat promises never to end slower than the sweep's best point, and its
 # estimate runs high (finalists reuse what greedy's run prepared: on Checkmate's random_n500 at 0.8, 2 workers,
 # 12.4 s estimated for 6.4 s spent). At 0.25 the sweep was skipped there and cpsat ended at +72.7% against the
@@ -475,15 +483,29 @@ def _deferred_starts(run: Run, answers: Answers, greedy_s: float) -> list[tuple[
     g, hw = run.graph, run.hw
     if not answers.recompute or len(g.ops) > DEFERRED_MAX_OPS or not first_release(g):
         return []
-    per_run = len(g.ops) * SWEEP_S_PER_OP if run.deterministic else greedy_s
-    estimate = len(DEFERRED_EIGHTHS) * 1.2 * per_run
-    if not _affordable(run, estimate):
-        run.notes.append(f"no deferred orders: about {estimate:.0f} s, more than the time left allows")
-        return []
-    run.start_s += estimate
-    outs = deferred_candidates(g, hw, answers,
-                               lambda ctx: planned_with_context(ctx, Settings(), deadline=run.deadline))
-    return [(out.plan, out.timeline) for out in outs]
+    per_run = 1.2 * (len(g.ops) * SWEEP_S_PER_OP if run.deterministic else greedy_s)
+    if run.time_limit < DEFERRED_SHARE_MIN_S:
+        estimate = len(DEFERRED_EIGHTHS) * per_run
+        if not _affordable(run, estimate):
+            run.notes.append(f"no deferred orders: about {estimate:.0f} s, more than the time left allows")
+            return []
+        run.start_s += estimate
+        outs = deferred_candidates(g, hw, answers,
+                                   lambda ctx: planned_with_context(ctx, Settings(), deadline=run.deadline))
+        return [(out.plan, out.timeline) for out in outs]
+    # In the order of DEFERRED_EIGHTHS (``deferred-0`` first: the one greedy's plans use most), each while it fits.
+    out: list[tuple[Plan, Timeline]] = []
+    for k, eighths in enumerate(DEFERRED_EIGHTHS):
+        if not _affordable(run, per_run, DEFERRED_SHARE):
+            skipped = ", ".join(f"deferred-{e}" for e in DEFERRED_EIGHTHS[k:])
+            run.notes.append(f"{skipped} not planned: about {per_run:.0f} s each, more than the time left allows")
+            break
+        run.start_s += per_run
+        planned = plan_deferred(g, hw, eighths, answers,
+                                lambda ctx: planned_with_context(ctx, Settings(), deadline=run.deadline))
+        if planned is not None:
+            out.append((planned.plan, planned.timeline))
+    return out
 
 
 def sampled_count(run: Run) -> int:
