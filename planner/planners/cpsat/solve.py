@@ -478,8 +478,10 @@ def starting_plans(run: Run, start: str = "auto") -> tuple[tuple[Plan, Timeline]
 
 def _deferred_starts(run: Run, answers: Answers, greedy_s: float) -> list[tuple[Plan, Timeline]]:
     """Greedy's plans in the deferred orders with their re-runs (``greedy.deferred_candidates``), as starting
-    candidates, when their estimate fits in the time left: each a greedy run on a graph up to a fifth larger
-    (``greedy_s``: greedy's longest run on an order here; deterministic runs estimate it from the op count)."""
+    candidates, each estimated as a greedy run on a graph up to a fifth larger (``greedy_s``: greedy's longest run on
+    an order here; deterministic runs estimate it from the op count). Below ``DEFERRED_SHARE_MIN_S`` all or none,
+    when all fit in a quarter of the time left; from it one by one, in the order of ``DEFERRED_EIGHTHS``, each while
+    it fits in ``DEFERRED_SHARE`` of the time left."""
     g, hw = run.graph, run.hw
     if not answers.recompute or len(g.ops) > DEFERRED_MAX_OPS or not first_release(g):
         return []
