@@ -53,7 +53,6 @@ from planner.planners.greedy import (
     answers_of,
     auto_contexts,
     build_plan,
-    deferred_candidates,
     plan_greedy,
     planned_with_context,
     rank_planned,
@@ -486,28 +485,24 @@ def _deferred_starts(run: Run, answers: Answers, greedy_s: float) -> list[tuple[
     if not answers.recompute or len(g.ops) > DEFERRED_MAX_OPS or not first_release(g):
         return []
     per_run = 1.2 * (len(g.ops) * SWEEP_S_PER_OP if run.deterministic else greedy_s)
+    rewritten = lambda ctx: planned_with_context(ctx, Settings(), deadline=run.deadline)  # noqa: E731
     if run.time_limit < DEFERRED_SHARE_MIN_S:
         estimate = len(DEFERRED_EIGHTHS) * per_run
         if not _affordable(run, estimate):
             run.notes.append(f"no deferred orders: about {estimate:.0f} s, more than the time left allows")
             return []
         run.start_s += estimate
-        outs = deferred_candidates(g, hw, answers,
-                                   lambda ctx: planned_with_context(ctx, Settings(), deadline=run.deadline))
-        return [(out.plan, out.timeline) for out in outs]
-    # In the order of DEFERRED_EIGHTHS (``deferred-0`` first: the one greedy's plans use most), each while it fits.
-    out: list[tuple[Plan, Timeline]] = []
-    for k, eighths in enumerate(DEFERRED_EIGHTHS):
-        if not _affordable(run, per_run, DEFERRED_SHARE):
-            skipped = ", ".join(f"deferred-{e}" for e in DEFERRED_EIGHTHS[k:])
-            run.notes.append(f"{skipped} not planned: about {per_run:.0f} s each, more than the time left allows")
-            break
-        run.start_s += per_run
-        planned = plan_deferred(g, hw, eighths, answers,
-                                lambda ctx: planned_with_context(ctx, Settings(), deadline=run.deadline))
-        if planned is not None:
-            out.append((planned.plan, planned.timeline))
-    return out
+        planned = [plan_deferred(g, hw, e, answers, rewritten) for e in DEFERRED_EIGHTHS]
+    else:
+        planned = []
+        for k, eighths in enumerate(DEFERRED_EIGHTHS):
+            if not _affordable(run, per_run, DEFERRED_SHARE):
+                skipped = ", ".join(f"deferred-{e}" for e in DEFERRED_EIGHTHS[k:])
+                run.notes.append(f"{skipped} not planned: about {per_run:.0f} s each, more than the time left allows")
+                break
+            run.start_s += per_run
+            planned.append(plan_deferred(g, hw, eighths, answers, rewritten))
+    return [(out.plan, out.timeline) for out in planned if out is not None]
 
 
 def sampled_count(run: Run) -> int:
