@@ -137,8 +137,7 @@ class GapTable:
     wrap: np.ndarray
     stall: list[int]
     stall_array: np.ndarray  # ``stall`` as an array
-    score: list[float]
-    rank: list[int]  # position in the order (-score, tensor, a, index): the selection's tie-breaks
+    rank: list[int]  # position in the order (-gap time, -score, tensor, a, index): the selection's tie-breaks
     rank_array: np.ndarray  # ``rank`` as an array
     by_rank: list[int]  # the gap at each rank
 
@@ -413,10 +412,13 @@ class Context:
         pre_absent = col([g.pre_absent for g in gaps], bool)
         names = sorted({g.tensor for g in gaps})
         code = {t: k for k, t in enumerate(names)}
-        score = [g.score for g in gaps]
+        score = col([g.score for g in gaps], float)
         stall = [g.stall for g in gaps]
-        order = np.lexsort((np.arange(m), a, col([code[g.tensor] for g in gaps], np.int64),
-                            -np.array(score, dtype=float)))
+        # The longest gap first, as Belady's rule evicts the page used farthest ahead: a gap costs its bytes on the
+        # links and frees bytes x gap time, so per byte moved the longest frees the most. Bytes x gap time first
+        # took the large per-step weights' one-step gaps, which together fill the link (NSA decode).
+        span = np.rint(score / np.maximum(col([g.bytes for g in gaps], float), 1.0))  # whole ns, as the windows
+        order = np.lexsort((np.arange(m), a, col([code[g.tensor] for g in gaps], np.int64), -score, -span))
         rank = np.empty(m, dtype=np.int64)
         rank[order] = np.arange(m)
         return GapTable(
@@ -426,7 +428,7 @@ class Context:
             fetches=col([(g.u < n or g.back) and g.recompute is None for g in gaps], bool),  # Context.fetches
             redo=col([g.recompute is not None for g in gaps], bool),
             mandatory=col([g.mandatory for g in gaps], bool), wrap=col([g.wrap for g in gaps], bool),
-            stall=stall, stall_array=np.array(stall, dtype=np.int64).reshape(m), score=score, rank=rank.tolist(),
+            stall=stall, stall_array=np.array(stall, dtype=np.int64).reshape(m), rank=rank.tolist(),
             rank_array=rank, by_rank=order.tolist(),
         )
 
@@ -592,12 +594,12 @@ def select_gaps(
     1. mandatory gaps (tensors that start remote; unused tensors that can simply be dropped);
     2. the distance rule: gaps at least ``select_distance`` ops long whose store and fetch fit in the gap's
        compute time and in what the links have left (``LinkCalendar``), outside the ops over the budget the gap
-       spans, the ``select_num`` largest by bytes x gap time;
+       spans, the ``select_num`` longest (farthest next use, as Belady's rule), then largest bytes x gap time;
     3. the budget: sweeping the ops in order, while an op is over budget, the gap covering it whose transfers
        the cost model says stall least (none, when store and fetch fit in the gap's compute time and in the
-       links' remaining time), then the
-       largest bytes x gap time, counted with its nominal placement (detach ``release_distance`` ops after the
-       use, prefetch ``prefetch_distance`` ops before the next);
+       links' remaining time), then the longest, then the largest bytes x gap time, counted with its nominal
+       placement (detach ``release_distance`` ops after the use, prefetch ``prefetch_distance`` ops before the
+       next);
     4. if an op is still over, every gap counted at its widest (detach right after the use, prefetch right
        before the next), and more gaps by the same rule.
 
@@ -679,9 +681,10 @@ def select_gaps(
                 taken += 1
 
     def sweep(L: np.ndarray, rng, ranges: tuple[np.ndarray, np.ndarray]) -> int | None:
-        # Candidates by (lo, hi, index); in the heap by (stall, rank): the estimated stall, then (-score, tensor,
-        # a, index). A heap entry is the int stall * m + rank (ranks are distinct and below m, so ints order as
-        # those pairs do): a million entries on the 38.8k-op graph, where tuples cost twice the time to compare.
+        # Candidates by (lo, hi, index); in the heap by (stall, rank): the estimated stall, then (-gap time,
+        # -score, tensor, a, index). A heap entry is the int stall * m + rank (ranks are distinct and below m, so
+        # ints order as those pairs do): a million entries on the 38.8k-op graph, where tuples cost twice the time
+        # to compare.
         tab = ctx.table
         lo, hi = ranges
         ks = np.flatnonzero(~chosen & tab.allowed(answers) & (hi > lo))
@@ -691,7 +694,6 @@ def select_gaps(
         stall = stall.astype(object) if len(ks) and int(stall.max()) >= (1 << 62) // m else stall
         c_lo, c_key = lo[ks].tolist(), (stall * m + tab.rank_array[ks]).tolist()
         hi_of, by_rank = hi.tolist(), tab.by_rank
-        score = tab.score
         heap: list[int] = []
         j = 0
         first_over = None
@@ -724,8 +726,7 @@ def select_gaps(
                     continue
                 now = cal.stall(gap, i if cut_windows else None)
                 if now > st and heap:
-                    top_st, top_rk = divmod(heap[0], m)
-                    if (now, -score[k]) > (top_st, -score[by_rank[top_rk]]):
+                    if now * m + rk > heap[0]:
                         heapq.heappush(heap, now * m + rk)  # the links got busier: look again later
                         continue
                 for p in take(gap, i if cut_windows else None):

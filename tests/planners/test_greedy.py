@@ -321,7 +321,7 @@ def test_on_large_graphs_a_replan_for_the_offsets_keeps_the_answers_the_full_bud
     from planner.planners.greedy_select import Answers, Context
 
     g = api.load_graph(GRAPHS / "llama3-8b-no2-4layers.json")
-    hw = api.hardware("ascend-910c", hbm="7.5GB")
+    hw = api.hardware("ascend-910c", hbm="7.75GB")
     calls: list[tuple[int, Answers | None]] = []
     build = greedy.build_plan
 
