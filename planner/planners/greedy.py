@@ -6,14 +6,15 @@ costs the least peak memory. The production implementation (MindSpore ``utils/hy
 be distance-based with four settings, which are this planner's options:
 
 * ``select_distance`` (default 8): a tensor whose next use is at least this many ops away is a candidate;
-* ``select_num`` (default 32): at most this many such candidates are offloaded for their own sake (largest
-  bytes x gap time first, and only those whose Store and Prefetch fit in the gap's compute time);
+* ``select_num`` (default 32): at most this many such candidates are offloaded for their own sake (the longest
+  gaps first, then the largest bytes x gap time, and only those whose Store and Prefetch fit in the gap's compute
+  time);
 * ``prefetch_distance`` (default 2): a Prefetch goes at least this many ops before the use;
 * ``release_distance`` (default 1): a Detach goes at least this many ops after the use (it also waits for
   the Store, so a later Detach stalls less and holds more).
 
-On top of the distance rule the planner respects the HBM budget: it offloads more gaps, largest bytes x gap
-time first, until the sequential HBM count fits (``greedy_select.py``), places every cache op
+On top of the distance rule the planner respects the HBM budget: it offloads more gaps, those whose transfers
+stall least first, then the longest, until the sequential HBM count fits (``greedy_select.py``), places every cache op
 (``refine.py``), emits the program, checks it with the executor and assigns static HBM offsets
 (``planner/offsets.py``: best fit, or the exact assignment on small timelines). When the offsets do not fit
 the budget (fragmentation), it plans again against a budget lowered by the excess (extrapolating its growth
@@ -519,7 +520,7 @@ def _plan_checked(ctx: Context, settings: Settings, budget: int, name: str, only
 
     On graphs of up to ``REFINE_MAX_OPS`` ops the selection with its link windows uncut is a variant too: the cut
     keeps optimizer states from being offloaded behind the passes that fill HBM (LLaMA-3-8B training at 33.6 GB/s:
-    470.1 ms uncut, 350.7 ms cut), but where most ops are over the budget it leaves the distance rule little to
+    470.1 ms uncut, 352.4 ms cut), but where most ops are over the budget it leaves the distance rule little to
     take (transformer_block at 1 GB: 132.2 ms uncut, 138.6 ms cut).
 
     ``only``: build with these answers alone, no variant (a replan that keeps the answers a first plan chose).
