@@ -9,7 +9,9 @@ keeps its incumbent value, and enters the cumulatives clipped to the region. The
 of its last op (then bytes moved): finishing the window earlier lets everything after it run earlier.
 
 A window's solution is decoded into a whole plan and run in the executor; it is accepted only when the
-executor-validated makespan improves (or stays equal with fewer bytes moved). Windows are chosen where the
+executor-validated makespan improves (or stays equal with fewer bytes moved) and, while the incumbent's static
+HBM offsets fit the budget, when its offsets fit too (a plan that needs the caching allocator loses its gain to
+compactions). Windows are chosen where the
 incumbent's compute stream stalls most; the search stops at the time limit, when no window with a stall is left
 untried, or when the makespan reaches the compute bound (``stats["stop"]`` says which). Ctrl-C (KeyboardInterrupt,
 in a solve or between them) stops it too: the incumbent, a valid plan, is what it returns.
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 
 from planner.executor import occupancy, simulate
 from planner.hardware import HBM
+from planner.offsets_cpsat import offsets_within
 from planner.plan import Plan
 from planner.planners.cpsat import worker
 from planner.planners.cpsat.data import RECOMPUTE, Assignment, Problem, op_end
@@ -36,6 +39,8 @@ SPANNING_GAPS = 48
 # Wall seconds per window solve: at least MIN, else this share of the time limit.
 WINDOW_MIN_S = 1.0
 WINDOW_SHARE = 0.05
+# Seconds the exact offsets model may spend on an accepted window's plan, after the (order, fit) pairs and descents.
+FIT_CHECK_S = 0.05
 # Tests and debugging collect the windows whose decoded plan the executor rejects here (a list), when set.
 DEBUG: list | None = None
 # How many window lengths of ops after the window its transfers and memory are modelled over.
@@ -58,16 +63,24 @@ class Incumbent:
     timeline: Timeline
     asg: Assignment
     version: int = 0
+    fits: bool = True  # its static HBM offsets fit the budget (``fits``)
 
     @property
     def makespan(self) -> int:
         return self.timeline.metrics.makespan_ns
 
 
-def incumbent_from_plan(p: Problem, plan: Plan, tl: Timeline | None = None) -> Incumbent:
+def incumbent_from_plan(p: Problem, plan: Plan, tl: Timeline | None = None, fit: bool | None = None) -> Incumbent:
+    """``fit``: whether its offsets fit (``fits``), when the caller knows."""
     tl = tl if tl is not None else simulate(p.graph, p.hw, plan, allocator=False)
     asg, _notes = assignment_from_plan(p, plan, tick_times(p, plan))
-    return Incumbent(plan, tl, asg)
+    return Incumbent(plan, tl, asg, fits=fits(p, tl) if fit is None else fit)
+
+
+def fits(p: Problem, tl: Timeline) -> bool:
+    """Whether static HBM offsets for the allocator-free run ``tl`` fit the budget, by the cheap tries of
+    ``offsets_within`` (the final placement may still find some where these do not)."""
+    return offsets_within(tl.residencies, p.hw.hbm_bytes, time_limit_s=FIT_CHECK_S)[1] <= p.hw.hbm_bytes
 
 
 def improve(run: Run, p: Problem, asg: Assignment, base: Plan, base_tl: Timeline, objective: str, limit_ticks,
@@ -185,9 +198,12 @@ def _search(run: Run, p: Problem, inc: Incumbent, objective: str, limit_ns: int 
             if DEBUG is not None:
                 DEBUG.append((frame, m, res, sol, plan, tl))
             continue
-        if _accept(tl, inc, objective, limit_ns):
+        # A faster plan whose offsets do not fit is worth nothing once placed (the caching allocator's compactions
+        # cost more than the windows gain): while the incumbent fits, the search stays on plans that fit.
+        fit = True if inc.fits else None
+        if _accept(tl, inc, objective, limit_ns) and (not inc.fits or fits(p, tl)):
             version = inc.version + 1
-            inc = incumbent_from_plan(p, plan, tl)
+            inc = incumbent_from_plan(p, plan, tl, fit)
             inc.version = version
             history.append((plan, tl))
             stats["accepted"] += 1
