@@ -14,8 +14,8 @@ be distance-based with four settings, which are this planner's options:
   the Store, so a later Detach stalls less and holds more).
 
 On top of the distance rule the planner respects the HBM budget: it offloads more gaps, those whose transfers
-stall least first, then the longest, until the sequential HBM count fits (``greedy_select.py``), places every cache op
-(``refine.py``), emits the program, checks it with the executor and assigns static HBM offsets
+stall least first, then the longest, until the sequential HBM count fits (``greedy_select.py``), places every
+cache op (``refine.py``), emits the program, checks it with the executor and assigns static HBM offsets
 (``planner/offsets.py``: best fit, or the exact assignment on small timelines). When the offsets do not fit
 the budget (fragmentation), it plans again against a budget lowered by the excess (extrapolating its growth
 from the second retry on; three times at most) and keeps that plan if it is no slower than the first plan under

@@ -476,7 +476,7 @@ def starting_plans(run: Run, start: str = "auto") -> tuple[tuple[Plan, Timeline]
 
 
 def _deferred_starts(run: Run, answers: Answers, greedy_s: float) -> list[tuple[Plan, Timeline]]:
-    """Greedy's plans in the deferred orders with their re-runs (``greedy.deferred_candidates``), as starting
+    """Greedy's plans in the deferred orders with their re-runs (``greedy_deferred.plan_deferred``), as starting
     candidates, each estimated as a greedy run on a graph up to a fifth larger (``greedy_s``: greedy's longest run on
     an order here; deterministic runs estimate it from the op count). Below ``DEFERRED_SHARE_MIN_S`` all or none,
     when all fit in a quarter of the time left; from it one by one, in the order of ``DEFERRED_EIGHTHS``, each while
