@@ -45,7 +45,7 @@ from functools import cached_property
 import numpy as np
 
 from planner.cost import op_durations_ns, transfer_duration_ns
-from planner.graph import AUTO, Graph
+from planner.graph import AUTO, Graph, TensorKind
 from planner.hardware import HBM, Hardware
 from planner.orders import named_order
 from planner.plan import Plan
@@ -188,6 +188,10 @@ class Context:
                 upd[t].append(i)
             ws[i] = op.workspace_bytes
         self.acc, self.upd = acc, upd
+        # Weights that nothing in the step writes: their bytes are final when the step starts.
+        self.inference_weights = frozenset(t for t, x in graph.tensors.items() if x.kind is TensorKind.WEIGHT
+                                           and not upd[t] and t not in graph.producer)
+        self.early_weight_stores = False  # issue their Stores at the step's start (``refine.store_issued_after``)
         self.workspace = ws
         # Free tensors (home auto) that no op uses start on the fastest remote tier: nothing to gain on HBM.
         self.unused_remote = {t: self.tiers[0] for t in graph.free_tensors if not acc[t] and self.tiers}

@@ -33,6 +33,7 @@ from planner.planners.greedy import (
     plan_with_context,
     planned_with_context,
     rank_planned,
+    with_early_weight_stores,
 )
 from planner.planners.greedy_deferred import plan_deferred
 from planner.planners.greedy_select import Context
@@ -147,14 +148,25 @@ def _sweep(contexts: list[Context], grid: dict | None, offsets: bool, finalists:
         for c in range(len(contexts)):
             mine = [(c, k) for *_, c2, k in ranked if c2 == c and (defaults or k)][: max(1, int(finalists))]
             chosen += mine + [(c, 0)] * (defaults and (c, 0) not in mine)
-    best: tuple | None = None
+    planned: dict[tuple[int, int], Planned] = {}
     for c, k in chosen or [(0, 0)]:
-        out = planned_with_context(contexts[c], points[k], offsets=offsets, name="greedy-sweep")
-        plan, tl = out.plan, out.timeline
-        key = (not tl.valid, tl.metrics.makespan_ns, tl.metrics.peak_bytes.get(HBM, 0), c, k)
-        if best is None or key < best[0]:
-            best = (key, plan)
-    plan = best[1]
+        planned[c, k] = planned_with_context(contexts[c], points[k], offsets=offsets, name="greedy-sweep")
+
+    def key(ck: tuple[int, int]) -> tuple:
+        tl = planned[ck].timeline
+        return (not tl.valid, tl.metrics.makespan_ns, tl.metrics.peak_bytes.get(HBM, 0), *ck)
+
+    # The early Stores of inference weights for the best point and for the best defaults (greedy's own plan gets
+    # them), so that the sweep stays no worse than greedy.
+    if defaults:
+        firsts = [min(planned, key=key)]
+        at_defaults = [ck for ck in planned if ck[1] == 0]  # point 0: greedy's defaults
+        if at_defaults:
+            firsts.append(min(at_defaults, key=key))
+        for ck in dict.fromkeys(firsts):
+            planned[ck] = with_early_weight_stores(contexts[ck[0]], points[ck[1]], planned[ck], offsets,
+                                                   "greedy-sweep")
+    plan = planned[min(planned, key=key)].plan
     options = dict(plan.options, sweep=True)
     stats = dict(plan.stats, sweep_points=len(points), sweep_distinct_plans=len(seen), sweep_valid=len(ranked),
                  sweep_finalists=len(chosen),

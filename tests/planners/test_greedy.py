@@ -412,3 +412,58 @@ def test_a_deadline_that_stops_the_replanning_for_offsets_is_recorded():
     cut = planned_with_context(Context(g, hw, "auto"), Settings(), deadline=time.monotonic())
     assert cut.plan.stats.get("deadline_cut") is True
     assert cut.timeline.valid and simulate(g, hw, cut.plan).valid
+
+
+def _weight_that_must_leave(updated: bool = False) -> Graph:
+    """w (100 B, read-only unless ``updated``) is read by r1 and r2 (100 ns each), must be off HBM while m's 150 B
+    workspace runs (budget 200 B), and is read again by r3 (which updates it when ``updated``)."""
+    ns = 1e-9
+    tensors = [Tensor("x", 1, TensorKind.INPUT), Tensor("w", 100, TensorKind.WEIGHT), Tensor("h1", 1),
+               Tensor("h2", 1), Tensor("h3", 1), Tensor("y", 1, TensorKind.OUTPUT)]
+    ops = [Op("r1", "F", ("x", "w"), ("h1",), duration_s=100 * ns),
+           Op("r2", "F", ("h1", "w"), ("h2",), duration_s=100 * ns),
+           Op("m", "F", ("h2",), ("h3",), duration_s=10 * ns, workspace_bytes=150),
+           Op("r3", "F", ("h3",) if updated else ("h3", "w"), ("y",), duration_s=10 * ns,
+              updates=("w",) if updated else ())]
+    return Graph.build("weight_must_leave", tensors, ops)
+
+
+def test_a_read_only_weight_is_stored_while_the_link_is_idle():
+    # Its Store need not wait for r2, its last read before m: stored from time 0 behind r1 and r2 (100 ns at
+    # 1 B/ns), detached after r2, fetched back after m: 200 + 10 + 100 + 10 = 320 ns, where a Store after r2 gives
+    # 420 ns.
+    from planner.planners.greedy import Settings, planned_with_context, with_early_weight_stores
+    from planner.planners.greedy_select import Context
+    from planner.planners.refine import store_issued_after
+
+    g, hw = _weight_that_must_leave(), simple_hardware(hbm=200)
+    ctx = Context(g, hw, "auto")
+    late = planned_with_context(ctx, Settings())
+    assert late.timeline.valid and late.timeline.metrics.makespan_ns == 420
+    out = plan_greedy_timed(g, hw)
+    assert out.timeline.valid and simulate(g, hw, out.plan).valid
+    stores = [(s, t) for s, t in zip(out.plan.steps, out.timeline.steps) if s.kind is StepKind.STORE]
+    assert [(s.target, t.start_ns) for s, t in stores] == [("w", 0)]
+    assert out.timeline.metrics.makespan_ns == 320
+    assert any("step's start" in n for n in out.plan.notes)
+    # The rule itself, and the switch left as it was.
+    w_gap = next(gp for gp in ctx.gaps if gp.tensor == "w" and gp.a == 1)
+    assert store_issued_after(ctx, w_gap) == 1
+    ctx.early_weight_stores = True
+    assert store_issued_after(ctx, w_gap) == -1
+    ctx.early_weight_stores = False
+    assert with_early_weight_stores(ctx, Settings(), late).timeline.metrics.makespan_ns == 320
+    assert ctx.early_weight_stores is False
+
+
+def test_a_weight_the_step_updates_keeps_its_store_after_its_reads():
+    # r3 writes w: its bytes are not final at the start, so it is no inference weight and greedy plans once.
+    from planner.planners.greedy import Settings, planned_with_context, with_early_weight_stores
+    from planner.planners.greedy_select import Context
+
+    g, hw = _weight_that_must_leave(updated=True), simple_hardware(hbm=200)
+    ctx = Context(g, hw, "auto")
+    assert not ctx.inference_weights
+    out = planned_with_context(ctx, Settings())
+    assert out.timeline.valid
+    assert with_early_weight_stores(ctx, Settings(), out) is out

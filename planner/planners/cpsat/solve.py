@@ -56,6 +56,7 @@ from planner.planners.greedy import (
     plan_greedy,
     planned_with_context,
     rank_planned,
+    with_early_weight_stores,
 )
 from planner.planners.greedy_deferred import DEFERRED_EIGHTHS, DEFERRED_MAX_OPS, plan_deferred
 from planner.planners.greedy_select import Answers, Context
@@ -442,6 +443,12 @@ def starting_plans(run: Run, start: str = "auto") -> tuple[tuple[Plan, Timeline]
                     spent.append(s)
                 t += time.monotonic() - t_sampled  # greedy's own time estimates reactive's: not the sampling's
                 best_k = min(range(len(outs)), key=lambda k: rank_planned(outs[k]))
+                # Inference graphs: the best order once more with its weights' Stores at the step's start.
+                early_s = len(g.ops) * SWEEP_S_PER_OP if run.deterministic else spent[best_k]
+                if _affordable(run, early_s):
+                    run.start_s += len(g.ops) * SWEEP_S_PER_OP
+                    outs[best_k] = with_early_weight_stores(contexts[best_k], Settings(), outs[best_k],
+                                                            deadline=run.deadline)
                 out = outs[best_k]
                 greedy_ctxs = [(contexts[k], spent[k]) for k in [best_k] + [k for k in range(len(outs)) if k != best_k]]
                 greedy_plans = [(contexts[k], outs[k]) for k in [best_k] + [k for k in range(len(outs)) if k != best_k]]
