@@ -50,7 +50,7 @@ class SearchRecord:
     # The starting plan.
     start_planner: str | None = None
     start_makespan_us: float | None = None
-    start_candidates: dict[str, float] | None = None  # every valid starting plan's makespan, by planner
+    start_candidates: dict[str, float] | None = None  # the fastest valid starting plan's makespan, by planner
     search_start: str | None = None  # the order of greedy's plan the search started from, when not the best start's
     sampled_orders: list[str] | None = None  # the sampled orders kept as starting orders (best first)
     compute_us: float | None = None  # the compute bound: a plan at it is optimal
