@@ -162,10 +162,11 @@ def plan_greedy_timed(
 def with_early_weight_stores(ctx: Context, settings: Settings, out: Planned, offsets: bool = True,
                              name: str = "greedy", deadline: float | None = None) -> Planned:
     """``out`` (``ctx``'s plan), or ``ctx``'s plan with the Stores of its inference weights issued at the step's
-    start (``refine.store_issued_after``) when that one is faster; ``out`` alone, at no cost, when it stores no
-    inference weight (training graphs: every weight is updated). One more plan where it does: the rule wins on
-    some inference graphs and loses on others, and greedy's estimates do not tell which beforehand."""
-    if not any(s.kind is StepKind.STORE and s.target in ctx.inference_weights for s in out.plan.steps):
+    start (``refine.store_issued_after``) when that one is faster; ``out`` alone, at no cost, unless the compute
+    stream of ``out`` waits for a Store of an inference weight (never on training graphs: every weight is
+    updated). One more plan where it does: the rule wins on some inference graphs and loses on others, and greedy's
+    estimates do not tell which beforehand."""
+    if not waits_for_weight_store(ctx, out):
         return out
     ctx.early_weight_stores = True
     try:
@@ -176,6 +177,23 @@ def with_early_weight_stores(ctx: Context, settings: Settings, out: Planned, off
         return out
     note = "the inference weights' Stores are issued at the step's start, not after their reads before the gap"
     return replace(early, plan=replace(early.plan, notes=(*early.plan.notes, note)))
+
+
+def waits_for_weight_store(ctx: Context, out: Planned) -> bool:
+    """Whether the compute stream of ``out`` idles before a Detach until the Store of an inference weight it waits
+    for ends."""
+    steps, times = out.plan.steps, out.timeline.steps
+    last_end = 0
+    for i, step in enumerate(steps):
+        if step.stream != COMPUTE:
+            continue
+        start = times[i].start_ns
+        if step.kind is StepKind.DETACH and start > last_end and any(
+                steps[w].kind is StepKind.STORE and steps[w].target in ctx.inference_weights
+                and times[w].end_ns == start for w in step.waits):
+            return True
+        last_end = max(last_end, times[i].end_ns)
+    return False
 
 
 def deferred_candidates(graph: Graph, hw: Hardware, answers: Answers,
@@ -801,4 +819,4 @@ def emit(ctx: Context, gaps: list[Gap], name: str = "greedy", counts: np.ndarray
 
 __all__ = ["DEFAULTS", "Answers", "Settings", "answers_of", "auto_contexts", "deferred_candidates", "plan_greedy",
            "plan_greedy_timed", "plan_with_context", "planned_with_context", "build_plan", "emit",
-           "with_early_weight_stores"]
+           "waits_for_weight_store", "with_early_weight_stores"]

@@ -432,7 +432,12 @@ def test_a_read_only_weight_is_stored_while_the_link_is_idle():
     # Its Store need not wait for r2, its last read before m: stored from time 0 behind r1 and r2 (100 ns at
     # 1 B/ns), detached after r2, fetched back after m: 200 + 10 + 100 + 10 = 320 ns, where a Store after r2 gives
     # 420 ns.
-    from planner.planners.greedy import Settings, planned_with_context, with_early_weight_stores
+    from planner.planners.greedy import (
+        Settings,
+        planned_with_context,
+        waits_for_weight_store,
+        with_early_weight_stores,
+    )
     from planner.planners.greedy_select import Context
     from planner.planners.refine import store_issued_after
 
@@ -452,6 +457,9 @@ def test_a_read_only_weight_is_stored_while_the_link_is_idle():
     ctx.early_weight_stores = True
     assert store_issued_after(ctx, w_gap) == -1
     ctx.early_weight_stores = False
+    # Tried because the compute stream waits for w's Store (r2 ends at 200 ns, the Store after it at 300), not
+    # again once it does not.
+    assert waits_for_weight_store(ctx, late) and not waits_for_weight_store(ctx, out)
     assert with_early_weight_stores(ctx, Settings(), late).timeline.metrics.makespan_ns == 320
     assert ctx.early_weight_stores is False
 

@@ -56,6 +56,7 @@ from planner.planners.greedy import (
     plan_greedy,
     planned_with_context,
     rank_planned,
+    waits_for_weight_store,
     with_early_weight_stores,
 )
 from planner.planners.greedy_deferred import DEFERRED_EIGHTHS, DEFERRED_MAX_OPS, plan_deferred
@@ -445,7 +446,7 @@ def starting_plans(run: Run, start: str = "auto") -> tuple[tuple[Plan, Timeline]
                 best_k = min(range(len(outs)), key=lambda k: rank_planned(outs[k]))
                 # Inference graphs: the best order once more with its weights' Stores at the step's start.
                 early_s = len(g.ops) * SWEEP_S_PER_OP if run.deterministic else spent[best_k]
-                if _affordable(run, early_s):
+                if waits_for_weight_store(contexts[best_k], outs[best_k]) and _affordable(run, early_s):
                     run.start_s += len(g.ops) * SWEEP_S_PER_OP
                     outs[best_k] = with_early_weight_stores(contexts[best_k], Settings(), outs[best_k],
                                                             deadline=run.deadline)
