@@ -153,6 +153,12 @@ class GapTable:
         return lo, hi
 
 
+# The selection ranks gaps longest first on graphs up to this many ops, by bytes x gap time alone above. On the
+# 38.8k-op NSA-128k graph with weights on host (53.8 GB), longest first took 68.7k Prefetches against 32.1k, and its
+# plan ran 52,720.93 against 51,337.74 ms, greedy 31.5 against 17.6 s (`ho-plan bench --suite scale`).
+LONGEST_FIRST_MAX_OPS = 5000
+
+
 class Context:
     """What every greedy run on one graph and one hardware shares: order, times, uses, gaps, baseline."""
 
@@ -421,8 +427,11 @@ class Context:
         # The longest gap first, as Belady's rule evicts the page used farthest ahead: a gap costs its bytes on the
         # links and frees bytes x gap time, so per byte moved the longest frees the most. Bytes x gap time first
         # took the large per-step weights' one-step gaps, which together fill the link (NSA decode).
-        span = np.rint(score / np.maximum(col([g.bytes for g in gaps], float), 1.0))  # whole ns, as the windows
-        order = np.lexsort((np.arange(m), a, col([code[g.tensor] for g in gaps], np.int64), -score, -span))
+        # Not above LONGEST_FIRST_MAX_OPS ops: there it doubled the Prefetches and lost time (below).
+        keys = [np.arange(m), a, col([code[g.tensor] for g in gaps], np.int64), -score]
+        if self.n <= LONGEST_FIRST_MAX_OPS:
+            keys.append(-np.rint(score / np.maximum(col([g.bytes for g in gaps], float), 1.0)))  # whole ns
+        order = np.lexsort(tuple(keys))
         rank = np.empty(m, dtype=np.int64)
         rank[order] = np.arange(m)
         return GapTable(

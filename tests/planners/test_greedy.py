@@ -475,3 +475,23 @@ def test_a_weight_the_step_updates_keeps_its_store_after_its_reads():
     out = planned_with_context(ctx, Settings())
     assert out.timeline.valid
     assert with_early_weight_stores(ctx, Settings(), out) is out
+
+
+def test_gaps_rank_longest_first_up_to_a_size_and_by_bytes_x_time_above(monkeypatch):
+    # Longest first doubled the Prefetches on the 38.8k-op graph (LONGEST_FIRST_MAX_OPS): above it, the rank is
+    # bytes x gap time alone.
+    from planner.planners import greedy_select
+    from planner.planners.greedy_select import Context
+
+    g = api.load_graph(GRAPHS / "transformer_block.json")
+    hw = api.hardware("ascend-910c", hbm="1GB")
+
+    def ranked(ctx: Context) -> list:
+        return [ctx.gaps[k] for k in ctx.table.by_rank]
+
+    spans = [round(gp.score / max(gp.bytes, 1)) for gp in ranked(Context(g, hw, "auto"))]
+    assert spans == sorted(spans, reverse=True)
+    monkeypatch.setattr(greedy_select, "LONGEST_FIRST_MAX_OPS", len(g.ops) - 1)
+    scores = [gp.score for gp in ranked(Context(g, hw, "auto"))]
+    assert scores == sorted(scores, reverse=True) and spans != [round(gp.score / max(gp.bytes, 1))
+                                                                for gp in ranked(Context(g, hw, "auto"))]
