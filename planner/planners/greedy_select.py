@@ -427,7 +427,7 @@ class Context:
         # The longest gap first, as Belady's rule evicts the page used farthest ahead: a gap costs its bytes on the
         # links and frees bytes x gap time, so per byte moved the longest frees the most. Bytes x gap time first
         # took the large per-step weights' one-step gaps, which together fill the link (NSA decode).
-        # Not above LONGEST_FIRST_MAX_OPS ops: there it doubled the Prefetches and lost time (below).
+        # Not above LONGEST_FIRST_MAX_OPS ops: there it doubled the Prefetches and lost time (see that constant).
         keys = [np.arange(m), a, col([code[g.tensor] for g in gaps], np.int64), -score]
         if self.n <= LONGEST_FIRST_MAX_OPS:
             keys.append(-np.rint(score / np.maximum(col([g.bytes for g in gaps], float), 1.0)))  # whole ns

@@ -148,7 +148,9 @@ def _store_ends(ctx: Context, gaps: list[Gap]) -> dict[int, int]:
     out: dict[int, int] = {}
     # Over a hundred thousand Stores on the 38.8k-op graph, placed up to three times a plan: tuples sorted as they
     # are, and one-channel links (the common case) without the search for the freest channel.
-    queue = sorted([(store_issued_after(ctx, gp), gp.a, gp.u, k) for k, gp in enumerate(gaps) if gp.needs_store])
+    early = ctx.early_weight_stores  # the rule's call only where it can move a Store
+    queue = sorted([(store_issued_after(ctx, gp) if early else gp.a, gp.a, gp.u, k)
+                    for k, gp in enumerate(gaps) if gp.needs_store])
     for a, _a, _u, k in queue:
         gap = gaps[k]
         link = store_link[gap.store_tier]
