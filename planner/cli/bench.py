@@ -313,8 +313,8 @@ def _budget(fraction: float | None) -> str:
 
 
 def _planner_cell(r: dict) -> str:
-    """The planner that ran (greedy-sweep for greedy when its sweep is affordable) and the options named with it
-    (``greedy:offload=false`` shows as ``greedy-sweep offload=false``)."""
+    """The planner that ran (greedy-sweep for greedy on graphs of up to ``bench.SWEEP_MAX_OPS`` ops) and the options
+    named with it (``greedy:offload=false`` shows as ``greedy-sweep offload=false``)."""
     _, options = bench.planner_variant(r["planner"])
     return " ".join([r.get("planner_run", r["planner"].split(":")[0]), *(f"{k}={v}" for k, v in options.items())])
 
