@@ -12,8 +12,8 @@ plan with the lowest makespan (ties: fewer bytes moved, then the earlier planner
 ``solutions/<entry>.schedule.json``.
 
 ``tests/report/test_solutions.py`` checks that every file still validates and that re-planning with the planner that
-made it is no worse than the file by more than ``TOLERANCE`` (the same file, byte for byte, for a planner that never
-reads the clock).
+made it is no worse than the file by more than ``TOLERANCE`` (the same file, byte for byte, for a planner without a
+time limit).
 """
 
 from __future__ import annotations
