@@ -79,11 +79,7 @@ def plan_greedy_sweep(
     """
     # As greedy's own ``auto``: every order it plans is swept; of the deferred ones, the best at greedy's defaults.
     answers = answers_of(recompute, offload)
-
-    def swept(ctx: Context) -> Planned:
-        plan = sweep_contexts([ctx], grid, offsets, finalists)
-        return Planned(plan, simulate(ctx.graph, ctx.hw, plan))
-
+    swept = lambda ctx: swept_planned(ctx, grid, offsets, finalists)  # noqa: E731
     deferred = DEFERRED.fullmatch(order)
     if deferred:
         out = plan_deferred(graph, hw, int(deferred.group(1)), answers, swept)
@@ -115,6 +111,14 @@ def sweep_contexts(contexts: list[Context], grid: dict | None = None, offsets: b
     than the defaults'. Each full plan costs about a greedy run (15 s on deepseek-v3-nsa-128k-L3-1layer at 60%)."""
     with gc_paused():  # as greedy (planner/gc_pause.py)
         return _sweep(contexts, grid, offsets, finalists, defaults)
+
+
+def swept_planned(ctx: Context, grid: dict | None = None, offsets: bool = True, finalists: int = FINALISTS,
+                  defaults: bool = True) -> Planned:
+    """``sweep_contexts`` on the one Context ``ctx``, with the executor's timeline of the plan (what
+    ``greedy_deferred.plan_deferred`` takes to plan a rewritten graph)."""
+    plan = sweep_contexts([ctx], grid, offsets, finalists, defaults)
+    return Planned(plan, simulate(ctx.graph, ctx.hw, plan))
 
 
 def _sweep(contexts: list[Context], grid: dict | None, offsets: bool, finalists: int, defaults: bool = True
@@ -174,4 +178,4 @@ def _sweep(contexts: list[Context], grid: dict | None, offsets: bool, finalists:
     return replace(plan, options=options, stats=stats)
 
 
-__all__ = ["DEFAULT_GRID", "grid_points", "plan_greedy_sweep", "sweep_contexts"]
+__all__ = ["DEFAULT_GRID", "grid_points", "plan_greedy_sweep", "sweep_contexts", "swept_planned"]

@@ -61,7 +61,7 @@ from planner.planners.greedy import (
 )
 from planner.planners.greedy_deferred import DEFERRED_EIGHTHS, DEFERRED_MAX_OPS, plan_deferred
 from planner.planners.greedy_select import Answers, Context
-from planner.planners.greedy_sweep import FINALISTS, grid_points, plan_greedy_sweep, sweep_contexts
+from planner.planners.greedy_sweep import FINALISTS, grid_points, plan_greedy_sweep, sweep_contexts, swept_planned
 from planner.planners.none import no_offload_program, plan_none
 from planner.planners.reactive import plan_reactive
 from planner.timeline import Timeline
@@ -549,13 +549,8 @@ def _deferred_sweep(run: Run, answers: Answers, starts: list[tuple[Plan, Timelin
                          "than the time left allows")
         return []
     run.start_s += cost if run.deterministic else 0.0
-
-    def swept(ctx: Context) -> Planned:
-        plan = sweep_contexts([ctx], finalists=FINALISTS, defaults=False)
-        return Planned(plan, simulate(ctx.graph, ctx.hw, plan))
-
     try:
-        out = plan_deferred(g, hw, eighths, answers, swept)
+        out = plan_deferred(g, hw, eighths, answers, lambda ctx: swept_planned(ctx, defaults=False))
     except KeyboardInterrupt:
         run.interrupt()
         return []
