@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import replace
+from functools import partial
 
 from planner.bounds import hbm_floor
 from planner.executor import simulate
@@ -79,7 +80,7 @@ def plan_greedy_sweep(
     """
     # As greedy's own ``auto``: every order it plans is swept; of the deferred ones, the best at greedy's defaults.
     answers = answers_of(recompute, offload)
-    swept = lambda ctx: swept_planned(ctx, grid, offsets, finalists)  # noqa: E731
+    swept = partial(swept_planned, grid=grid, offsets=offsets, finalists=finalists)
     deferred = DEFERRED.fullmatch(order)
     if deferred:
         out = plan_deferred(graph, hw, int(deferred.group(1)), answers, swept)

@@ -292,7 +292,6 @@ def test_deferred_starts_are_planned_one_by_one_while_each_fits():
         assert any("not planned" in n for n in run.notes) == (expected < len(DEFERRED_EIGHTHS))
 
 
-
 def test_the_best_deferred_order_is_swept_as_greedy_sweep_sweeps_it():
     """cpsat starts no slower than greedy's sweep where its best point is in a deferred order: the order whose plan at
     greedy's defaults is fastest is swept too (deepseek-v3-paper at 70%: 2124.76 ms there, against 2152.11 ms at the
@@ -320,6 +319,7 @@ def test_the_best_deferred_order_is_swept_as_greedy_sweep_sweeps_it():
     run.start_s = run.time_limit * (1 - RESERVE)  # no time left
     assert solve._deferred_sweep(run, answers, starts, 0.0) == []
     assert any("sweep of order deferred-0 not planned" in n for n in run.notes)
+
 
 def _llama_incumbent(monkeypatch):
     """(problem, incumbent) of cpsat's starting plan on llama3-8b-no2-4layers at 60%, as its LNS starts, from the
