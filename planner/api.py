@@ -29,6 +29,7 @@ from planner.plan import Plan
 from planner.planners import get_planner, get_spec, get_timed_planner
 from planner.planners.cpsat.solve import STARTING_PLANNERS
 from planner.planners.greedy import GREEDY_SETTINGS
+from planner.planners.greedy_select import EVICT_RULES
 from planner.planners.none import program_none
 from planner.timeline import Timeline
 
@@ -90,6 +91,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "order": ORDERS,
     "objective": ("makespan", "peak"),
     "start": ("auto", *STARTING_PLANNERS),
+    "evict": EVICT_RULES,
 }
 # Text options that also take a family of values, as a pattern and the name ``describe`` gives it.
 PATTERNS: dict[str, tuple[re.Pattern[str], str]] = {

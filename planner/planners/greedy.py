@@ -56,7 +56,7 @@ from planner.plan import COMPUTE, Plan, PlanStatus, ProgramBuilder, StepKind
 from planner.planned import Planned, place_statically
 from planner.planners.greedy_deferred import DEFERRED_EIGHTHS, DEFERRED_MAX_OPS, plan_deferred
 from planner.planners.greedy_remat import chains_apply, plan_remat_chains
-from planner.planners.greedy_select import Answers, Context, Gap, cover_all, select_gaps
+from planner.planners.greedy_select import EVICT_RULES, Answers, Context, Gap, cover_all, select_gaps
 from planner.planners.none import plan_none
 from planner.planners.refine import place, resolve_copies, room_never_binds, store_issued_after
 from planner.timeline import Timeline
@@ -98,11 +98,13 @@ class Settings:
     select_num: int = DEFAULTS["select_num"]
     prefetch_distance: int = DEFAULTS["prefetch_distance"]
     release_distance: int = DEFAULTS["release_distance"]
+    evict: str = EVICT_RULES[0]  # the budget sweep's rule (``greedy_select.select_gaps``)
 
     def as_dict(self) -> dict:
         return {
             "select_distance": self.select_distance, "select_num": self.select_num,
             "prefetch_distance": self.prefetch_distance, "release_distance": self.release_distance,
+            "evict": self.evict,
         }
 
 
@@ -113,6 +115,7 @@ def plan_greedy(
     select_num: int = DEFAULTS["select_num"],
     prefetch_distance: int = DEFAULTS["prefetch_distance"],
     release_distance: int = DEFAULTS["release_distance"],
+    evict: str = EVICT_RULES[0],
     order: str = "auto",
     offsets: bool = True,
     recompute: bool = True,
@@ -122,8 +125,8 @@ def plan_greedy(
     placement to the executor's caching allocator; ``order`` as for ``none`` (``auto`` plans the orders of
     ``auto_contexts`` and returns the fastest plan); ``recompute`` and ``offload`` say which answers a gap may
     get besides staying on HBM (``Answers``)."""
-    return plan_greedy_timed(graph, hw, select_distance, select_num, prefetch_distance, release_distance, order,
-                             offsets, recompute, offload).plan
+    return plan_greedy_timed(graph, hw, select_distance, select_num, prefetch_distance, release_distance, evict,
+                             order, offsets, recompute, offload).plan
 
 
 def plan_greedy_timed(
@@ -133,13 +136,14 @@ def plan_greedy_timed(
     select_num: int = DEFAULTS["select_num"],
     prefetch_distance: int = DEFAULTS["prefetch_distance"],
     release_distance: int = DEFAULTS["release_distance"],
+    evict: str = EVICT_RULES[0],
     order: str = "auto",
     offsets: bool = True,
     recompute: bool = True,
     offload: bool = True,
 ) -> Planned:
     """``plan_greedy`` with the executor's full timeline of the plan (greedy runs the executor on it anyway)."""
-    settings = Settings(int(select_distance), int(select_num), int(prefetch_distance), int(release_distance))
+    settings = Settings(int(select_distance), int(select_num), int(prefetch_distance), int(release_distance), evict)
     answers = answers_of(recompute, offload)
     with gc_paused():  # millions of short-lived objects and no cycles (planner/gc_pause.py)
         def rewritten(ctx: Context) -> Planned:
@@ -669,7 +673,7 @@ def build_plan(ctx: Context, settings: Settings, budget: int, name: str = "greed
     answers = answers if answers is not None else ctx.answers
     gaps, _L, _over = select_gaps(
         ctx, budget, settings.select_distance, settings.select_num, settings.prefetch_distance,
-        settings.release_distance, answers, cut_windows,
+        settings.release_distance, answers, cut_windows, settings.evict,
     )
     # Resolve the copies, count, place; placing may give gaps up, and a gap given up may have held the remote
     # copy a later gap of its tensor relied on, so resolve and place again until no gap is given up (deciding

@@ -145,6 +145,15 @@ class GapTable:
         """``Answers.allows`` for every gap."""
         return np.where(self.redo, answers.recompute, answers.offload | self.mandatory)
 
+    @cached_property
+    def farthest(self) -> tuple[np.ndarray, list[int]]:
+        """(rank of every gap, the gap at each rank) in Belady's order for the ``belady`` eviction rule: the use
+        after the gap farthest ahead first, then ``rank``."""
+        order = np.lexsort((self.rank_array, -self.u))
+        rank = np.empty(len(order), dtype=np.int64)
+        rank[order] = np.arange(len(order))
+        return rank, order.tolist()
+
     def nominal(self, prefetch_distance: int, release_distance: int) -> tuple[np.ndarray, np.ndarray]:
         """(lo, hi) of every gap at its nominal placement (``select_gaps``)."""
         lo = np.where(self.pre_absent, 0, np.where(self.stores, np.maximum(self.lo, self.a + release_distance),
@@ -469,6 +478,9 @@ class Context:
         return not ups or ups[0] > gap.a
 
 
+# How the budget sweep of ``select_gaps`` picks among the gaps that cover an op over the budget.
+EVICT_RULES = ("stall", "belady")
+
 # Slots summed first when booking a transfer on the link calendar (then 4x more at a time).
 TAKE_CHUNK = 64
 # Graphs of more ops than this book transfers in a compiled loop (``greedy_kernel.take_slots``: the same booking).
@@ -599,7 +611,7 @@ def cover_all(L: np.ndarray, lo: np.ndarray, hi: np.ndarray, nbytes: np.ndarray)
 
 def select_gaps(
     ctx: Context, budget: int, select_distance: int, select_num: int, prefetch_distance: int, release_distance: int,
-    answers: Answers | None = None, cut_windows: bool = True,
+    answers: Answers | None = None, cut_windows: bool = True, evict: str = "stall",
 ) -> tuple[list[Gap], np.ndarray, int | None]:
     """Choose the gaps to offload or recompute; return (selected gaps, HBM count per op with each at its widest,
     first op still over ``budget`` or None).
@@ -612,7 +624,8 @@ def select_gaps(
        the cost model says stall least (none, when store and fetch fit in the gap's compute time and in the
        links' remaining time), then the longest, then the largest bytes x gap time, counted with its nominal
        placement (detach ``release_distance`` ops after the use, prefetch ``prefetch_distance`` ops before the
-       next);
+       next). With ``evict="belady"`` instead: a gap the cost model says is free first, then the one whose next
+       use lies farthest ahead (Belady's rule), whatever the stall estimates of the others;
     4. if an op is still over, every gap counted at its widest (detach right after the use, prefetch right
        before the next), and more gaps by the same rule.
 
@@ -621,7 +634,15 @@ def select_gaps(
     ``answers`` (at most ``ctx.answers``; default those) narrows the candidates: with ``recompute=False`` the
     selection is exactly the one a context without recompute gaps makes (they come last and are never taken).
     ``cut_windows=False`` books every transfer over its whole gap (``LinkCalendar``), as before the cut.
+
+    Why two eviction rules (``EVICT_RULES``): the least estimated stall first takes small tensors first, since
+    their transfers fit in what the links have left; where the same small tensors are read at every step, it
+    sends them out and back at every step (NSA-64k's decode at 60% of its peak: the shared experts' and
+    attention's weights, 10 to 13 times each over 16 steps, beside the routed experts). Belady's rule keeps what
+    is read soon. Neither wins everywhere (greedy-sweep plans its finalists with both).
     """
+    if evict not in EVICT_RULES:
+        raise ValueError(f"unknown eviction rule {evict!r} (known: {', '.join(EVICT_RULES)})")
     answers = answers if answers is not None else ctx.answers
     for gap in ctx.gaps:
         gap.selected = gap.mandatory
@@ -646,6 +667,7 @@ def select_gaps(
 
     cal = LinkCalendar(ctx, budget)
     rule = OVER_BUDGET if cut_windows else None
+    belady = evict == "belady"
     m = max(1, len(ctx.gaps))
 
     def parts(gap: Gap) -> list[Gap]:
@@ -703,10 +725,13 @@ def select_gaps(
         ks = np.flatnonzero(~chosen & tab.allowed(answers) & (hi > lo))
         ks = ks[np.lexsort((hi[ks], lo[ks]))]
         stall = tab.stall_array[ks]
+        rank_array, by_rank = tab.farthest if belady else (tab.rank_array, tab.by_rank)
+        if belady:
+            stall = (stall > 0).astype(np.int64)
         # Python ints where stall * m could overflow int64.
         stall = stall.astype(object) if len(ks) and int(stall.max()) >= (1 << 62) // m else stall
-        c_lo, c_key = lo[ks].tolist(), (stall * m + tab.rank_array[ks]).tolist()
-        hi_of, by_rank = hi.tolist(), tab.by_rank
+        c_lo, c_key = lo[ks].tolist(), (stall * m + rank_array[ks]).tolist()
+        hi_of = hi.tolist()
         heap: list[int] = []
         j = 0
         first_over = None
@@ -738,6 +763,8 @@ def select_gaps(
                 if hi_of[k] <= i or gap.selected:
                     continue
                 now = cal.stall(gap, i if cut_windows else None)
+                if belady:
+                    now = int(now > 0)
                 if now > st and heap:
                     if now * m + rk > heap[0]:
                         heapq.heappush(heap, now * m + rk)  # the links got busier: look again later
@@ -774,4 +801,4 @@ def select_gaps(
     return [gap for gap in ctx.gaps if gap.selected], L, over
 
 
-__all__ = ["Answers", "Context", "Gap", "GapTable", "cover_all", "select_gaps"]
+__all__ = ["EVICT_RULES", "Answers", "Context", "Gap", "GapTable", "cover_all", "select_gaps"]

@@ -18,6 +18,7 @@ from planner.graph import Graph, Op, Tensor, TensorKind
 from planner.hardware import HBM
 from planner.plan import StepKind
 from planner.planners.greedy import DEFAULTS, plan_greedy, plan_greedy_timed
+from planner.planners.greedy_select import EVICT_RULES
 from planner.planners.greedy_sweep import grid_points, plan_greedy_sweep
 from planner.planners.reactive import plan_reactive
 
@@ -90,8 +91,9 @@ def test_sweep_is_no_worse_than_the_defaults_and_records_its_winner():
     assert plan.planner == "greedy-sweep" and plan.options["sweep"] is True
     assert set(DEFAULTS) <= set(plan.options)
     assert plan.stats["sweep_points"] == len(grid_points()) and plan.stats["sweep_valid"] >= 1
-    # The recorded settings reproduce the plan.
-    settings = {k: plan.options[k] for k in DEFAULTS}
+    assert plan.stats["sweep_belady_points"] >= 1 and plan.options["evict"] in EVICT_RULES
+    # The recorded settings, the eviction rule included, reproduce the plan.
+    settings = {k: plan.options[k] for k in (*DEFAULTS, "evict")}
     again = plan_greedy(g, hw, offsets=False, **settings)
     assert again.steps == plan.steps
 
@@ -495,3 +497,47 @@ def test_gaps_rank_longest_first_up_to_a_size_and_by_bytes_x_time_above(monkeypa
     scores = [gp.score for gp in ranked(Context(g, hw, "auto"))]
     assert scores == sorted(scores, reverse=True) and spans != [round(gp.score / max(gp.bytes, 1))
                                                                 for gp in ranked(Context(g, hw, "auto"))]
+
+
+def _read_soon_and_far() -> Graph:
+    """s (100 B) is read again four ops after m, f (300 B) seven ops after; both start on the host. While m's
+    100 B workspace runs one of them must be off HBM (budget 402 B), and neither's fetch fits behind the 10 ns ops
+    between: s's stalls least (about 70 ns against 240), f's next read is farthest ahead."""
+    ns = 1e-9
+    chain = [f"h{i}" for i in range(9)]
+    tensors = [Tensor("x", 1, TensorKind.INPUT), Tensor("s", 100, TensorKind.WEIGHT, home="host"),
+               Tensor("f", 300, TensorKind.WEIGHT, home="host"), *(Tensor(h, 1) for h in chain),
+               Tensor("y", 1, TensorKind.OUTPUT)]
+    reads = {0: ("x", "s", "f"), 5: ("s",), 9: ("f",)}
+    ops = []
+    for i in range(10):
+        ins = (*(() if i == 0 else (chain[i - 1],)), *reads.get(i, ()))
+        ops.append(Op(f"o{i}", "F", ins, (chain[i] if i < 9 else "y",), duration_s=10 * ns,
+                      workspace_bytes=100 if i == 1 else 0))
+    return Graph.build("read_soon_and_far", tensors, ops)
+
+
+@pytest.mark.parametrize("evict,leaves", [("stall", "s"), ("belady", "f")])
+def test_the_eviction_rule_picks_the_least_stall_or_the_farthest_next_read(evict, leaves):
+    from planner.planners.greedy_select import Context, select_gaps
+
+    g, hw = _read_soon_and_far(), simple_hardware(hbm=402)
+    ctx = Context(g, hw, "graph")
+    d = DEFAULTS
+    gaps, _count, over = select_gaps(ctx, hw.hbm_bytes, d["select_distance"], d["select_num"],
+                                     d["prefetch_distance"], d["release_distance"], evict=evict)
+    assert over is None
+    assert {(gp.tensor, gp.a) for gp in gaps if not gp.mandatory} == {(leaves, 0)}
+    out = plan_greedy_timed(g, hw, order="graph", evict=evict)
+    assert out.timeline.valid and simulate(g, hw, out.plan).valid
+    assert out.plan.options["evict"] == evict
+    fetches = [s.target for s in out.plan.steps if s.kind is StepKind.PREFETCH]
+    assert sorted(fetches) == sorted(["s", "f", leaves])  # the first fetches, and the one back
+
+
+def test_an_unknown_eviction_rule_is_bad_input():
+    with pytest.raises(ValueError, match="unknown eviction rule"):
+        plan_greedy(_read_soon_and_far(), simple_hardware(hbm=402), evict="lru")
+    result = CliRunner().invoke(main, [str(GRAPHS / "transformer_block.json"), "--hbm", "1GB", "--planner",
+                                       "greedy", "-O", "evict=lru"])
+    assert result.exit_code == 2 and "evict" in result.output and "Traceback" not in result.output

@@ -61,7 +61,14 @@ from planner.planners.greedy import (
 )
 from planner.planners.greedy_deferred import DEFERRED_EIGHTHS, DEFERRED_MAX_OPS, plan_deferred
 from planner.planners.greedy_select import Answers, Context
-from planner.planners.greedy_sweep import FINALISTS, grid_points, plan_greedy_sweep, sweep_contexts, swept_planned
+from planner.planners.greedy_sweep import (
+    BELADY_POINTS,
+    FINALISTS,
+    grid_points,
+    plan_greedy_sweep,
+    sweep_contexts,
+    swept_planned,
+)
 from planner.planners.none import no_offload_program, plan_none
 from planner.planners.reactive import plan_reactive
 from planner.timeline import Timeline
@@ -752,7 +759,8 @@ def _affordable(run: Run, seconds: float, share: float = AFFORDABLE_SHARE) -> bo
 
 
 def _sweep_points() -> int:
-    return len(grid_points())
+    """The points of greedy's sweep on one order: its grid and the best of them with Belady's eviction rule."""
+    return len(grid_points()) + BELADY_POINTS
 
 
 def prepare(run: Run, base: Plan, base_tl: Timeline, target_ticks: int = 4_000_000) -> tuple[Problem, Assignment]:
