@@ -639,7 +639,7 @@ def select_gaps(
     their transfers fit in what the links have left; where the same small tensors are read at every step, it
     sends them out and back at every step (NSA-64k's decode at 60% of its peak: the shared experts' and
     attention's weights, 10 to 13 times each over 16 steps, beside the routed experts). Belady's rule keeps what
-    is read soon. Neither wins everywhere (greedy-sweep plans its finalists with both).
+    is read soon. Neither wins everywhere (greedy-sweep plans its best points with both).
     """
     if evict not in EVICT_RULES:
         raise ValueError(f"unknown eviction rule {evict!r} (known: {', '.join(EVICT_RULES)})")
