@@ -11,7 +11,8 @@ of its last op (then bytes moved): finishing the window earlier lets everything 
 A window's solution is decoded into a whole plan and run in the executor; it is accepted only when the
 executor-validated makespan improves (or stays equal with fewer bytes moved) and, while the incumbent's static
 HBM offsets fit the budget, when its offsets fit too (a plan that needs the caching allocator loses its gain to
-compactions). Windows are chosen where the
+compactions). The first incumbent is the starting plan decoded from the model, or the starting plan itself when
+that is faster, or placed statically where the decoded copy's offsets do not fit. Windows are chosen where the
 incumbent's compute stream stalls most; the search stops at the time limit, when no window with a stall is left
 untried, or when the makespan reaches the compute bound (``stats["stop"]`` says which). Ctrl-C (KeyboardInterrupt,
 in a solve or between them) stops it too: the incumbent, a valid plan, is what it returns.
@@ -93,10 +94,17 @@ def improve(run: Run, p: Problem, asg: Assignment, base: Plan, base_tl: Timeline
     start_tl = run.timed(start_plan)
     # A static-offset (or allocator-free) run has the same times as a run without the allocator model.
     base_free = base_tl if base_tl.metrics.allocator in ("static", "none") else run.timed(base)
-    if start_tl.valid and (start_tl.metrics.makespan_ns <= base_free.metrics.makespan_ns or not base_free.valid):
-        inc = incumbent_from_plan(p, start_plan, start_tl)
+    # When the plan to beat has static offsets, so must the incumbent: the search accepts only plans whose offsets
+    # fit while its incumbent's do, and a plan left to the caching allocator loses to the start what the windows
+    # gained (NSA-64k at 60%: the decoded start, 0.25 ms faster than greedy's placed plan, did not fit; five windows
+    # took it from 503.8 to 487.7 ms, whose compactions came to 523.5 ms, and cpsat returned the start).
+    placed = base_tl.metrics.allocator == "static"
+    faster = start_tl.valid and (start_tl.metrics.makespan_ns <= base_free.metrics.makespan_ns or not base_free.valid)
+    start_fits = faster and fits(p, start_tl)
+    if faster and (start_fits or not placed):
+        inc = incumbent_from_plan(p, start_plan, start_tl, start_fits)
     else:
-        inc = incumbent_from_plan(p, base, base_free)
+        inc = incumbent_from_plan(p, base, base_free, True if placed else None)
     problems = check(p, inc.asg)
     run.record.model = "lns"
     run.record.incumbent_feasible = not problems
@@ -136,6 +144,11 @@ def _search(run: Run, p: Problem, inc: Incumbent, objective: str, limit_ns: int 
     stopped in ``run.record.stop``."""
     n = len(p.ops)
     tried: set[tuple[int, int, int]] = set()
+    # Windows whose solve ran out of time before CP-SAT reported any solution, not even the hint. On the largest
+    # window models its presolve's probing takes the whole window time (2.5 of 3 s on NSA-128k's turn to decode,
+    # 9,200 variables, where the hint alone is checked feasible in 0.1 s); at a later version, accepted elsewhere,
+    # the same window's model is about as large and starves again, so it is not tried again.
+    starved: set[tuple[int, int]] = set()
     while True:
         if inc.makespan <= compute and inc.timeline.valid:
             run.notes.append("the makespan reached the compute bound: optimal")
@@ -152,7 +165,8 @@ def _search(run: Run, p: Problem, inc: Incumbent, objective: str, limit_ns: int 
         if det_budget is not None and run.det_used >= det_budget:
             run.record.stop = "deterministic_budget"
             break
-        window = next_window(p, inc, w, tried) if objective != "peak" else peak_window(p, inc, w, tried)
+        window = next_window(p, inc, w, tried, starved) if objective != "peak" else peak_window(p, inc, w, tried,
+                                                                                                   starved)
         if window is None:
             if w >= min(n, MAX_WINDOW):
                 run.record.stop = "no_improvement"  # every window tried, at every size
@@ -186,6 +200,8 @@ def _search(run: Run, p: Problem, inc: Incumbent, objective: str, limit_ns: int 
             stats["wall_stopped"] = stats.get("wall_stopped", 0) + 1
         if not res.has_solution:
             stats["infeasible" if res.status == "INFEASIBLE" else "no_solution"] += 1
+            if res.status != "INFEASIBLE":
+                starved.add((i, j))
             continue
         if res.objective >= _objective_of_hint(m):
             continue
@@ -221,9 +237,9 @@ def _accept(tl: Timeline, inc: Incumbent, objective: str, limit_ns: int | None) 
     return m.speed_key < inc.timeline.metrics.speed_key
 
 
-def peak_window(p: Problem, inc: Incumbent, w: int, tried) -> tuple[int, int] | None:
+def peak_window(p: Problem, inc: Incumbent, w: int, tried, starved=frozenset()) -> tuple[int, int] | None:
     """For the peak objective: the untried window of ``w`` ops around the incumbent's HBM peak, then around the
-    next highest points of its occupancy."""
+    next highest points of its occupancy (never one in ``starved``, whatever the version)."""
     occ = occupancy(inc.timeline.residencies, HBM)
     if not occ:
         return None
@@ -234,7 +250,7 @@ def peak_window(p: Problem, inc: Incumbent, w: int, tried) -> tuple[int, int] | 
         k = max(0, bisect.bisect_right(starts_ns, t) - 1)
         i = max(0, min(n - w, k - w // 2))
         j = min(n, i + w)
-        if (i, j, inc.version) not in tried:
+        if (i, j, inc.version) not in tried and (i, j) not in starved:
             return i, j
     return None
 
@@ -249,8 +265,9 @@ def _objective_of_hint(m: Model) -> float:
     return total * (obj.scaling_factor or 1)
 
 
-def next_window(p: Problem, inc: Incumbent, w: int, tried) -> tuple[int, int] | None:
-    """The untried window of ``w`` ops that ends just after the largest compute stall of the incumbent.
+def next_window(p: Problem, inc: Incumbent, w: int, tried, starved=frozenset()) -> tuple[int, int] | None:
+    """The untried window of ``w`` ops that ends just after the largest compute stall of the incumbent (never one
+    in ``starved``, whatever the version).
 
     A stall is fixed by what comes before it (a Prefetch started earlier, room made for it), so the window takes
     most of its ops before the stalled op. The final window also covers transfers that end after the last op.
@@ -272,7 +289,7 @@ def next_window(p: Problem, inc: Incumbent, w: int, tried) -> tuple[int, int] | 
         j = min(n, k + max(1, w // 5))
         i = max(0, j - w)
         j = min(n, i + w)
-        if (i, j, inc.version) not in tried:
+        if (i, j, inc.version) not in tried and (i, j) not in starved:
             return i, j
     return None
 

@@ -183,6 +183,48 @@ def test_lns_accepts_no_window_whose_offsets_do_not_fit_while_its_incumbent_does
     assert st["lns"]["accepted"] == 0
 
 
+def test_lns_starts_from_the_placed_start_when_its_decoded_copy_does_not_fit(monkeypatch):
+    """The search starts from the starting plan decoded from the model, which may time a little differently from
+    the plan it was decoded from and lose its static offsets (NSA-64k at 60%: 0.25 ms faster than greedy's placed
+    plan, and no offsets fit). When the plan to beat is placed statically and its decoded copy does not fit, the
+    placed plan is the incumbent, and the search stays on plans whose offsets fit (here none do: nothing is
+    accepted)."""
+    from planner.planners.cpsat import lns
+
+    starts: list[tuple] = []
+    real = lns.incumbent_from_plan
+
+    def incumbent_from_plan(p, plan, tl=None, fit=None):
+        starts.append((plan, fit))
+        return real(p, plan, tl, fit)
+
+    monkeypatch.setattr(lns, "incumbent_from_plan", incumbent_from_plan)
+    monkeypatch.setattr(lns, "fits", lambda p, tl: False)
+    g = api.load_graph(GRAPHS / "transformer_block.json")
+    hw = api.hardware("ascend-910c", hbm="1GB")
+    plan = plan_cpsat(g, hw, time_limit=10, workers=1, whole_max_ops=10, window_ops=12)
+    st = plan.stats["cpsat"]
+    assert simulate(g, hw, plan).valid
+    first, fit = starts[0]
+    assert first.offsets and fit is True  # the placed starting plan, not its decoded copy (which has no offsets)
+    assert st["lns"]["windows"] >= 1 and st["lns"]["accepted"] == 0
+
+
+def test_a_window_that_starved_is_not_tried_again_at_a_later_version(monkeypatch):
+    """A window whose solve reported no solution in its time (CP-SAT's presolve took all of it on NSA-128k's largest
+    window models) is skipped at later versions of the incumbent, which would otherwise retry it after every window
+    accepted elsewhere."""
+    from planner.planners.cpsat.lns import next_window
+
+    p, inc = _llama_incumbent(monkeypatch)
+    first = next_window(p, inc, 60, set())
+    assert first is not None
+    inc.version += 1
+    assert next_window(p, inc, 60, {(*first, inc.version - 1)}) == first  # tried at the old version only
+    other = next_window(p, inc, 60, set(), {first})
+    assert other is not None and other != first
+
+
 def test_solver_crash_falls_back_to_the_starting_plan(monkeypatch):
     g = api.load_graph(GRAPHS / "transformer_block.json")
     hw = api.hardware("ascend-910c", hbm="1GB")
