@@ -21,6 +21,7 @@ in a solve or between them) stops it too: the incumbent, a valid plan, is what i
 from __future__ import annotations
 
 import bisect
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from planner.executor import occupancy, simulate
@@ -165,8 +166,8 @@ def _search(run: Run, p: Problem, inc: Incumbent, objective: str, limit_ns: int 
         if det_budget is not None and run.det_used >= det_budget:
             run.record.stop = "deterministic_budget"
             break
-        window = next_window(p, inc, w, tried, starved) if objective != "peak" else peak_window(p, inc, w, tried,
-                                                                                                   starved)
+        pick = next_window if objective != "peak" else peak_window
+        window = pick(p, inc, w, tried, starved)
         if window is None:
             if w >= min(n, MAX_WINDOW):
                 run.record.stop = "no_improvement"  # every window tried, at every size
@@ -237,7 +238,8 @@ def _accept(tl: Timeline, inc: Incumbent, objective: str, limit_ns: int | None) 
     return m.speed_key < inc.timeline.metrics.speed_key
 
 
-def peak_window(p: Problem, inc: Incumbent, w: int, tried, starved=frozenset()) -> tuple[int, int] | None:
+def peak_window(p: Problem, inc: Incumbent, w: int, tried: Collection[tuple[int, int, int]],
+                starved: Collection[tuple[int, int]] = frozenset()) -> tuple[int, int] | None:
     """For the peak objective: the untried window of ``w`` ops around the incumbent's HBM peak, then around the
     next highest points of its occupancy (never one in ``starved``, whatever the version)."""
     occ = occupancy(inc.timeline.residencies, HBM)
@@ -265,7 +267,8 @@ def _objective_of_hint(m: Model) -> float:
     return total * (obj.scaling_factor or 1)
 
 
-def next_window(p: Problem, inc: Incumbent, w: int, tried, starved=frozenset()) -> tuple[int, int] | None:
+def next_window(p: Problem, inc: Incumbent, w: int, tried: Collection[tuple[int, int, int]],
+                starved: Collection[tuple[int, int]] = frozenset()) -> tuple[int, int] | None:
     """The untried window of ``w`` ops that ends just after the largest compute stall of the incumbent (never one
     in ``starved``, whatever the version).
 
