@@ -611,7 +611,7 @@ def cover_all(L: np.ndarray, lo: np.ndarray, hi: np.ndarray, nbytes: np.ndarray)
 
 def select_gaps(
     ctx: Context, budget: int, select_distance: int, select_num: int, prefetch_distance: int, release_distance: int,
-    answers: Answers | None = None, cut_windows: bool = True, evict: str = "stall",
+    answers: Answers | None = None, cut_windows: bool = True, evict: str = EVICT_RULES[0],
 ) -> tuple[list[Gap], np.ndarray, int | None]:
     """Choose the gaps to offload or recompute; return (selected gaps, HBM count per op with each at its widest,
     first op still over ``budget`` or None).
