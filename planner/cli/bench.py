@@ -143,6 +143,11 @@ def bench_cmd(suites, quick, only, budgets, planners, time_limit, seed, workers,
             worse = sum(1 for c in cmp if c["change"] > 1e-9)
             summary.append(f"cpsat vs greedy: faster on {better}, slower on {worse}, "
                            f"equal on {len(cmp) - better - worse} of {len(cmp)} cases")
+        for held in bench.limits_held(rows):
+            w = held["worst"]
+            summary.append(f"{held['planner']} within its time limit (+{bench.LIMIT_SLACK:.0%}) on {held['held']} of "
+                           f"{held['rows']} rows; longest for its limit: {w['graph']} at "
+                           f"{_budget(w['budget_fraction'])}, {w['solve_time_s']:.1f} s of {w['time_limit']:g} s")
         if any(r["suite"] == "checkmate" for r in rows):
             summary += _checkmate_summary([r for r in rows if r["suite"] == "checkmate"])
         headers, cells = _cells(rows)
