@@ -83,7 +83,9 @@ class SearchRecord:
     windows_accepted: int | None = None
     # HBM placement of the result.
     offset_height_bytes: int | None = None
-    slower_solution_placed: bool | None = None  # a slower solution was kept because its static offsets fit
+    # A slower solution was kept because its static offsets fit, or because it compacts less under the caching
+    # allocator.
+    slower_solution_placed: bool | None = None
     # CP-SAT's status in the repair solve (the best solution's static offsets did not fit: a solve at a capacity
     # lowered by what they needed beyond its peak), when one ran.
     offsets_repair: str | None = None

@@ -626,3 +626,32 @@ def test_the_recorded_start_of_each_planner_is_its_fastest_plan():
     assert greedy.timeline.valid
     assert run.record.start_candidates["greedy"] <= greedy.timeline.metrics.makespan_ns / 1000
     assert tl.metrics.makespan_ns / 1000 == min(run.record.start_candidates.values())
+
+
+def _timed(makespan_ns: int, valid: bool = True):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(valid=valid, metrics=SimpleNamespace(makespan_ns=makespan_ns, speed_key=(makespan_ns, 0)))
+
+
+def test_with_no_static_fit_the_candidate_fastest_under_the_caching_allocator_is_placed(monkeypatch):
+    # On NSA-128k at 60% no candidate's offsets fit, and the second best solution (1001.85 ms without the allocator
+    # model) ran 1047.38 ms with the caching allocator, where the best (1000.52 ms) ran 1048.46 ms.
+    from types import SimpleNamespace
+
+    g, hw = chain_graph(), simple_hardware(hbm=10_000)
+    run = Run.start(g, hw, time_limit=5, workers=1)
+    plans = [SimpleNamespace(name=k) for k in "abc"]
+    cands = [(plans[0], _timed(100)), (plans[1], _timed(101)), (plans[2], _timed(102))]
+    placed = {id(plans[0]): _timed(130), id(plans[1]): _timed(120), id(plans[2]): _timed(110, valid=False)}
+    monkeypatch.setattr(solve, "place_statically", lambda *a, **k: (None, 10**12))
+    monkeypatch.setattr(solve, "simulate", lambda graph, hw, plan: placed[id(plan)])
+    p = SimpleNamespace(graph=g, hw=hw, ops=[None] * 3)
+    plan, tl = solve.place_hbm(run, p, cands)
+    assert plan is plans[1] and tl.metrics.makespan_ns == 120  # the invalid faster one is not taken
+    assert run.record.slower_solution_placed
+    # Above the op count, only the best candidate is run with the caching allocator.
+    monkeypatch.setattr(solve, "CACHING_CANDIDATES_MAX_OPS", 2)
+    run = Run.start(g, hw, time_limit=5, workers=1)
+    plan, tl = solve.place_hbm(run, p, cands)
+    assert plan is plans[0] and not run.record.slower_solution_placed
