@@ -4,6 +4,7 @@ determinism, the time limit, fallbacks, the LNS path and the hint's feasibility.
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import pytest
 from conftest import GRAPHS, chain_graph, simple_hardware, three_bigs, two_fetches
@@ -628,17 +629,13 @@ def test_the_recorded_start_of_each_planner_is_its_fastest_plan():
     assert tl.metrics.makespan_ns / 1000 == min(run.record.start_candidates.values())
 
 
-def _timed(makespan_ns: int, valid: bool = True):
-    from types import SimpleNamespace
-
+def _timed(makespan_ns: int, valid: bool = True) -> SimpleNamespace:
     return SimpleNamespace(valid=valid, metrics=SimpleNamespace(makespan_ns=makespan_ns, speed_key=(makespan_ns, 0)))
 
 
 def test_with_no_static_fit_the_candidate_fastest_under_the_caching_allocator_is_placed(monkeypatch):
     # On NSA-128k at 60% no candidate's offsets fit, and the second best solution (1001.85 ms without the allocator
     # model) ran 1047.38 ms with the caching allocator, where the best (1000.52 ms) ran 1048.46 ms.
-    from types import SimpleNamespace
-
     g, hw = chain_graph(), simple_hardware(hbm=10_000)
     run = Run.start(g, hw, time_limit=5, workers=1)
     plans = [SimpleNamespace(name=k) for k in "abc"]
