@@ -72,6 +72,7 @@ def _simulate(graph: Graph, hw: Hardware, plan: Plan, durations_ns: dict[str, in
     replayed = _replay(prog, times, start)
     residencies = None
     extra: dict = {"allocator": "none"}
+    compactions: tuple[int, ...] = ()
     if plan.offsets:
         residencies = replayed.residencies()
         off_violations, height = check_offsets(residencies, plan.offsets, hw.hbm_bytes, HBM)
@@ -87,6 +88,7 @@ def _simulate(graph: Graph, hw: Hardware, plan: Plan, durations_ns: dict[str, in
             delays = _defrag_delays(report, prog, times.starts)
             times = _time_steps(prog, delays)
             replayed = _replay(prog, times, start)
+            compactions = tuple(d.step for d in report.defrags if d.step is not None)
         extra = {
             "allocator": "caching", "defrag_events": len(report.defrags), "defrag_ns": report.defrag_ns,
             "fragmentation_failures": report.fragmentation_failures, "offset_height_bytes": report.high_water_bytes,
@@ -98,7 +100,8 @@ def _simulate(graph: Graph, hw: Hardware, plan: Plan, durations_ns: dict[str, in
     violations += _capacity_violations(hw, prog, sweeps)
     metrics = replace(_metrics(hw, prog, times, sweeps), **extra)
     violations.sort(key=_violation_order)
-    return Timeline(StepTimes(times.starts, times.ends, times.channels), residencies, metrics, tuple(violations))
+    return Timeline(StepTimes(times.starts, times.ends, times.channels), residencies, metrics, tuple(violations),
+                    compactions)
 
 
 def with_static_offsets(graph: Graph, hw: Hardware, plan: Plan, timed: Timeline) -> Timeline:

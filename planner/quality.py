@@ -165,8 +165,10 @@ def _proven_every_plan(st: dict) -> bool:
 
 def _proven_in_model(st: dict) -> bool:
     """CP-SAT proved its model's optimum, and the plan returned is that solution (not the start it did not beat,
-    nor a slower solution taken for its static offsets) and runs no slower than the model's optimum says."""
-    if not st.get("optimal") or st.get("returned", "cpsat") == "start" or st.get("slower_solution_placed"):
+    nor a slower solution taken for its static offsets, nor one with evictions added for the caching allocator)
+    and runs no slower than the model's optimum says."""
+    if (not st.get("optimal") or st.get("returned", "cpsat") == "start" or st.get("slower_solution_placed")
+            or st.get("compaction_evictions")):
         return False
     ms, objective = st.get("makespan_us"), st.get("objective_us")
     return ms is None or objective is None or ms <= objective + 1e-6
@@ -202,7 +204,8 @@ def proof(plan: Plan) -> Proof:
         if _proven_every_plan(cp):
             return Proof.OPTIMAL
         # A starting plan CP-SAT proved no faster solution than (in its model) is model-optimal too.
-        return Proof.MODEL_OPTIMAL if cp.get("optimal") and not cp.get("slower_solution_placed") else Proof.FEASIBLE
+        altered = cp.get("slower_solution_placed") or cp.get("compaction_evictions")
+        return Proof.MODEL_OPTIMAL if cp.get("optimal") and not altered else Proof.FEASIBLE
     return Proof.HEURISTIC
 
 

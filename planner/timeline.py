@@ -223,6 +223,9 @@ class Timeline:
     residencies: Sequence[Residency]  # a Residencies when the executor made it
     metrics: Metrics
     violations: tuple[Violation, ...] = field(default_factory=tuple)
+    # The steps whose HBM allocation made the caching allocator compact (``Metrics.defrag_events`` of them; none
+    # before the step's first): where a planner looks for what fragments HBM (planner/defrag.py).
+    compactions: tuple[int, ...] = ()
 
     @property
     def valid(self) -> bool:

@@ -45,6 +45,7 @@ import numpy as np
 
 from planner.background import Background, can_fork
 from planner.bounds import hbm_floor, initial_hbm_bytes, largest_working_set
+from planner.defrag import spare_compactions
 from planner.executor import simulate
 from planner.gc_pause import gc_paused
 from planner.graph import Graph
@@ -471,6 +472,13 @@ def _placed_from(ctx: Context, settings: Settings, offsets: bool, name: str, dea
     # made for a lower budget, if any: the faster one wins, static offsets on a tie.
     if caching is None:
         caching = simulate(g, hw, first)
+    if caching.compactions:
+        compactions = caching.metrics.defrag_events
+        first, caching, added = spare_compactions(g, hw, first, caching, deadline=deadline)
+        if added:
+            first = replace(first, stats=dict(first.stats, compaction_evictions=added), notes=first.notes + (
+                f"{added} eviction(s) of tensors idle on HBM spare the caching allocator "
+                f"{compactions - caching.metrics.defrag_events} of its {compactions} compactions",))
     if static is not None:
         if static.timeline.valid and static.timeline.metrics.makespan_ns <= caching.metrics.makespan_ns:
             return static

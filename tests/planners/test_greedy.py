@@ -365,7 +365,9 @@ def test_on_large_graphs_the_replan_beside_the_first_plan_gives_the_plan_plannin
     beside = planned_with_context(Context(g, hw, "auto"), Settings())
     monkeypatch.setattr(greedy, "can_fork", lambda: False)
     in_turn = planned_with_context(Context(g, hw, "auto"), Settings())
-    assert beside.plan.stats["offset_attempts"] > 1  # the replan was used
+    # The replan was used: its static plan won, or it lost to the first plan under the caching allocator.
+    assert beside.plan.stats.get("offset_attempts", 0) > 1 or any("only when planning for" in n
+                                                                 for n in beside.plan.notes)
     assert beside.plan == in_turn.plan and beside.timeline == in_turn.timeline
     assert beside.timeline.valid and simulate(g, hw, beside.plan) == beside.timeline
 

@@ -86,6 +86,9 @@ class SearchRecord:
     # A slower solution was kept because its static offsets fit, or because it compacts less under the caching
     # allocator.
     slower_solution_placed: bool | None = None
+    # Evictions added to the placed plan to spare the caching allocator compactions (planner/defrag.py): the plan
+    # is then no solution of the model.
+    compaction_evictions: int | None = None
     # CP-SAT's status in the repair solve (the best solution's static offsets did not fit: a solve at a capacity
     # lowered by what they needed beyond its peak), when one ran.
     offsets_repair: str | None = None

@@ -630,7 +630,8 @@ def test_the_recorded_start_of_each_planner_is_its_fastest_plan():
 
 
 def _timed(makespan_ns: int, valid: bool = True) -> SimpleNamespace:
-    return SimpleNamespace(valid=valid, metrics=SimpleNamespace(makespan_ns=makespan_ns, speed_key=(makespan_ns, 0)))
+    return SimpleNamespace(valid=valid, metrics=SimpleNamespace(makespan_ns=makespan_ns, speed_key=(makespan_ns, 0)),
+                           compactions=())
 
 
 def test_with_no_static_fit_the_candidate_fastest_under_the_caching_allocator_is_placed(monkeypatch):
