@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from planner.executor import simulate
 from planner.graph import Graph
@@ -51,39 +51,55 @@ def spare_compactions(graph: Graph, hw: Hardware, plan: Plan, timeline: Timeline
     """
     if plan.offsets or not timeline.compactions or not hw.remote_tiers:
         return plan, timeline, 0
-    runs_left = min(max_runs, MAX_STEPS_REPLAYED // max(1, len(plan.steps)))
-    if runs_left < min(MIN_RUNS, max_runs):
+    runs = _Runs(min(max_runs, MAX_STEPS_REPLAYED // max(1, len(plan.steps))), deadline)
+    if runs.left < min(MIN_RUNS, max_runs):
         return plan, timeline, 0
     added = 0
     tried: set[tuple[str, str, str]] = set()
-    while runs_left > 0 and timeline.compactions:
-        better = None
-        uses = _uses(graph, plan, timeline)
-        for step in timeline.compactions:
-            for tensor, prev, nxt in _candidates(timeline, uses, timeline.steps[step].start_ns):
-                key = (tensor, plan.steps[prev].target, plan.steps[nxt].target)
-                if key in tried:
-                    continue
-                tried.add(key)
-                for variant in _variants(graph, hw, plan, tensor, prev, nxt, timeline):
-                    if runs_left <= 0 or (deadline is not None and time.monotonic() > deadline):
-                        return plan, timeline, added
-                    runs_left -= 1
-                    tl = simulate(graph, hw, variant)
-                    if tl.valid:
-                        if tl.metrics.makespan_ns < timeline.metrics.makespan_ns:
-                            better = (variant, tl)
-                        break  # the valid variant decides; an invalid one (a Detach without a copy) gives way
-                if better:
-                    break
-            if better:
-                break
-        if better is None:
+    while timeline.compactions:
+        found = _first_faster(graph, hw, plan, timeline, tried, runs)
+        if found is None:
             break
-        plan, timeline = better
+        plan, timeline = found
         added += 1
         tried.clear()  # what did not pay before may pay now
     return plan, timeline, added
+
+
+@dataclass
+class _Runs:
+    """The executor runs a pass may still make."""
+
+    left: int
+    deadline: float | None
+
+    def take(self) -> bool:
+        if self.left <= 0 or (self.deadline is not None and time.monotonic() > self.deadline):
+            return False
+        self.left -= 1
+        return True
+
+
+def _first_faster(graph: Graph, hw: Hardware, plan: Plan, timeline: Timeline, tried: set[tuple[str, str, str]],
+                  runs: _Runs) -> tuple[Plan, Timeline] | None:
+    """The first eviction not in ``tried`` (which it extends) whose run is valid and faster than ``timeline``, with
+    that run; None when there is none, or no run left."""
+    uses = _uses(graph, plan, timeline)
+    for step in timeline.compactions:
+        for tensor, prev, nxt in _candidates(timeline, uses, timeline.steps[step].start_ns):
+            key = (tensor, plan.steps[prev].target, plan.steps[nxt].target)
+            if key in tried:
+                continue
+            tried.add(key)
+            for variant in _variants(graph, hw, plan, tensor, prev, nxt, timeline):
+                if not runs.take():
+                    return None
+                tl = simulate(graph, hw, variant)
+                if tl.valid:
+                    if tl.metrics.makespan_ns < timeline.metrics.makespan_ns:
+                        return variant, tl
+                    break  # the valid variant decides; an invalid one (a Detach without a copy) gives way
+    return None
 
 
 def _uses(graph: Graph, plan: Plan, timeline: Timeline) -> dict[str, list[tuple[int, int, int]]]:
