@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import bisect
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from planner.cost import transfer_duration_ns
 from planner.executor import simulate
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
 from planner.plan import Plan, Step, StepKind
-from planner.timeline import Timeline
+from planner.timeline import StepTiming, Timeline
 
 # Executor runs (with the allocator model) per pass. One run of the 5,000-step plan of deepseek-v3-nsa-128k at 60%
 # takes 0.03 s; 60 runs found the 16 ms that single evictions gain there (all of them within 47 runs).
@@ -151,32 +153,27 @@ def _variants(graph: Graph, hw: Hardware, plan: Plan, tensor: str, prev: int, nx
     return [p for p in out if p is not None]
 
 
-def _transfer_ns(nbytes: int, link) -> int:
-    return int(nbytes / link.bandwidth_Bps * 1e9 + link.latency_s * 1e9)
-
-
-def _busy(steps, times, link: str, lo: int, hi: int) -> list[tuple[int, int]]:
+def _busy(steps: Sequence[Step], times: Sequence[StepTiming], link: str, lo: int, hi: int) -> list[tuple[int, int]]:
     """The (start, end) of the steps ``lo..hi-1`` on ``link``, by start."""
     return sorted((times[j].start_ns, times[j].end_ns) for j in range(lo, hi) if steps[j].stream == link)
 
 
-def _first_gap(steps, times, link: str, lo: int, hi: int, after_ns: int, length_ns: int) -> int:
-    """The earliest time from ``after_ns`` at which ``link`` is idle for ``length_ns`` among the steps ``lo..hi-1``
+def _first_gap(busy: list[tuple[int, int]], after_ns: int, length_ns: int) -> int:
+    """The earliest time from ``after_ns`` at which a link busy over ``busy`` (``_busy``) is idle for ``length_ns``
     (after the last of them if no stretch between them holds it)."""
     t = after_ns
-    for s, e in _busy(steps, times, link, lo, hi):
+    for s, e in busy:
         if s >= t + length_ns:
             break
         t = max(t, e)
     return t
 
 
-def _last_gap(steps, times, link: str, lo: int, hi: int, after_ns: int, before_ns: int, length_ns: int
-              ) -> int | None:
-    """The latest start in [``after_ns``, ``before_ns`` - ``length_ns``] of a stretch of ``length_ns`` in which
-    ``link`` is idle among the steps ``lo..hi-1``, or None."""
+def _last_gap(busy: list[tuple[int, int]], after_ns: int, before_ns: int, length_ns: int) -> int | None:
+    """The latest start in [``after_ns``, ``before_ns`` - ``length_ns``] of a stretch of ``length_ns`` in which a
+    link busy over ``busy`` (``_busy``) is idle, or None."""
     end = before_ns
-    for s, e in reversed(_busy(steps, times, link, lo, hi)):
+    for s, e in reversed(busy):
         if e <= end - length_ns:
             break
         end = min(end, s)
@@ -186,26 +183,24 @@ def _last_gap(steps, times, link: str, lo: int, hi: int, after_ns: int, before_n
 
 def _evicted(hw: Hardware, plan: Plan, timeline: Timeline, tensor: str, prev: int, nxt: int, tier: str,
              store: bool) -> Plan | None:
-    """``plan`` with ``tensor`` off HBM from the end of step ``prev`` to the start of step ``nxt``.
+    """``plan`` with ``tensor`` off HBM from the end of step ``prev`` to the start of step ``nxt``, or None.
 
     Each stream runs its steps in program order, so the new steps go where the current timeline has their link
-    free: the Store (or the Detach alone) before the first step on the store link that starts after ``prev`` ends,
-    the Prefetch before the first step on the fetch link that starts after the time it must start for ``nxt``.
-    The Prefetch waits for the Detach and for the last compute step that ends by then, so that it does not hold
-    HBM from the moment the tensor leaves."""
+    idle, and delay no transfer already there: the Store (or the Detach alone) in the first idle stretch of the
+    store link after ``prev`` ends that holds it, the Prefetch in the last one of the fetch link that holds it and
+    ends by the start of ``nxt`` (None when there is none). The Prefetch waits for the Detach and for the last
+    compute step that ends by its start, so that it does not hold HBM from the moment the tensor leaves."""
     steps, times = plan.steps, timeline.steps
     out_link, in_link = hw.store_link(tier), hw.fetch_link(tier)
     tensor_bytes = next((r.bytes for r in timeline.residencies if r.name == tensor), 0)
-    out_ns = _transfer_ns(tensor_bytes, out_link) if store else 0
-    in_ns = _transfer_ns(tensor_bytes, in_link)
+    out_ns = transfer_duration_ns(tensor_bytes, out_link) if store else 0
+    in_ns = transfer_duration_ns(tensor_bytes, in_link)
     ready = times[prev].end_ns
-    # The Store in the first idle stretch of its link after ``prev`` that holds it, so that it delays no transfer
-    # already there.
-    out_start = _first_gap(steps, times, out_link.name, prev + 1, nxt, ready, out_ns)
+    out_start = _first_gap(_busy(steps, times, out_link.name, prev + 1, nxt), ready, out_ns)
     off_at = next((j for j in range(prev + 1, nxt)
                    if steps[j].stream == out_link.name and times[j].start_ns >= out_start), nxt)
-    # The Prefetch in the last idle stretch of its link before ``nxt`` starts that holds it.
-    in_start = _last_gap(steps, times, in_link.name, prev + 1, nxt, out_start + out_ns, times[nxt].start_ns, in_ns)
+    in_start = _last_gap(_busy(steps, times, in_link.name, prev + 1, nxt), out_start + out_ns, times[nxt].start_ns,
+                         in_ns)
     if in_start is None:
         return None
     trigger = max((j for j in range(prev + 1, nxt) if steps[j].kind in _RUNS_OP and times[j].end_ns <= in_start),
