@@ -67,3 +67,28 @@ def test_nothing_to_do_without_compactions_or_runs():
     tight = replace(hw, tiers=(replace(hw.tiers[0], capacity_bytes=1000),) + hw.tiers[1:])
     tl = simulate(g, tight, plan)
     assert tl.compactions and spare_compactions(g, tight, plan, tl, max_runs=0) == (plan, tl, 0)
+
+
+def test_a_weight_that_starts_remote_leaves_with_a_detach_alone():
+    # x, on host, is fetched for its first reader and read again last; the remote copy is current, so no Store.
+    tensors = [Tensor("x", 200, TensorKind.WEIGHT, home="host"), Tensor("a1", 390), Tensor("r", 10, TensorKind.OUTPUT),
+               Tensor("a2", 390), Tensor("c", 100), Tensor("b", 600), Tensor("y", 100, TensorKind.OUTPUT)]
+    ops = [Op("make_a1", "F", (), ("a1",), duration_s=US), Op("read_x", "F", ("x",), ("r",), duration_s=US),
+           Op("make_a2", "F", ("a1",), ("a2",), duration_s=US), Op("make_c", "F", ("a2",), ("c",), duration_s=US),
+           Op("make_b", "F", ("c",), ("b",), duration_s=US), Op("use", "F", ("x", "b"), ("y",), duration_s=US)]
+    g = Graph.build("weight", tensors, ops)
+    hw = replace(simple_hardware(hbm=1000), hbm_bandwidth_Bps=1e9)
+    pb = ProgramBuilder()
+    first = pb.compute("make_a1")
+    fetch = pb.prefetch("x", "h2d")
+    step = pb.compute("read_x", waits=[first, fetch])
+    for op in ("make_a2", "make_c", "make_b", "use"):
+        step = pb.compute(op, waits=[step])
+    plan = pb.build(g.name, "hand")
+    tl = simulate(g, hw, plan)
+    assert tl.valid and tl.metrics.defrag_events == 1
+    out, out_tl, added = spare_compactions(g, hw, plan, tl)
+    assert added == 1 and out_tl.valid and out_tl == simulate(g, hw, out)
+    assert out_tl.metrics.makespan_ns < tl.metrics.makespan_ns
+    moves = [(s.kind, s.target) for s in out.steps if s.kind is not StepKind.COMPUTE]
+    assert moves == [(StepKind.PREFETCH, "x"), (StepKind.DETACH, "x"), (StepKind.PREFETCH, "x")]
