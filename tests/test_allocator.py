@@ -67,6 +67,7 @@ def test_executor_adds_the_defragmentation_delay():
     assert tl.valid, [v.describe() for v in tl.violations]
     m = tl.metrics
     assert (m.allocator, m.defrag_events, m.fragmentation_failures, m.defrag_ns) == ("caching", 1, 1, 200)
+    assert tl.compactions == (5,)  # the prefetch of a0 compacted
     times = [(s.start_ns, s.end_ns) for s in tl.steps]
     #        op0        store a0      detach        op1           op2           prefetch      op3
     assert times == [(0, 1000), (1000, 1100), (1100, 1100), (1000, 2000), (2200, 3200), (2200, 2300), (3200, 4200)]
