@@ -261,7 +261,7 @@ def plan_with_context(ctx: Context, settings: Settings, offsets: bool = True, na
 
 
 def planned_with_context(ctx: Context, settings: Settings, offsets: bool = True, name: str = "greedy",
-                         deadline: float | None = None) -> Planned:
+                         deadline: float | None = None, beat_ns: int | None = None) -> Planned:
     """Plan with a prepared Context; the plan and its full timeline.
 
     When nothing has to leave HBM (the no-offload plan fits the budget) that plan is a candidate too: the
@@ -270,14 +270,16 @@ def planned_with_context(ctx: Context, settings: Settings, offsets: bool = True,
 
     ``deadline`` (``time.monotonic()``; for callers with a time limit, such as cpsat's starting plan): no replanning
     for a lower budget when static offsets do not fit starts unless it can end by then, as the first plan took.
+    ``beat_ns``: a makespan the caller has already (a sweep's best so far); the evictions against compactions
+    (``planner/defrag.py``) are not searched for a plan they cannot bring below it.
     """
     with gc_paused():
-        return _planned_with_context(ctx, settings, offsets, name, deadline)
+        return _planned_with_context(ctx, settings, offsets, name, deadline, beat_ns)
 
 
-def _planned_with_context(ctx: Context, settings: Settings, offsets: bool, name: str, deadline: float | None
-                          ) -> Planned:
-    out = _plan_offloading(ctx, settings, offsets, name, deadline)
+def _planned_with_context(ctx: Context, settings: Settings, offsets: bool, name: str, deadline: float | None,
+                          beat_ns: int | None = None) -> Planned:
+    out = _plan_offloading(ctx, settings, offsets, name, deadline, beat_ns)
     plan = out.plan
     # Cheap necessary conditions first (the no-offload program and its run cost seconds on 30k-op graphs): the
     # no-offload order's live bytes without what starts remote, and what that program holds when the step ends.
@@ -303,12 +305,12 @@ def no_offload_end_bytes(graph: Graph) -> int:
         name in graph.producer or not t.pinned or t.home == HBM or graph.users[name]))
 
 
-def _plan_offloading(ctx: Context, settings: Settings, offsets: bool, name: str, deadline: float | None = None
-                     ) -> Planned:
+def _plan_offloading(ctx: Context, settings: Settings, offsets: bool, name: str, deadline: float | None = None,
+                     beat_ns: int | None = None) -> Planned:
     """The plan with its offsets (``_placed``), or on graphs up to ``CHAINS_MAX_OPS`` ops the recompute chains run
     with addresses (static offsets that fit by construction) when that is faster: where fragmentation leaves a plan
     to the caching allocator, or makes it plan for a lower budget."""
-    out = _placed(ctx, settings, offsets, name, deadline)
+    out = _placed(ctx, settings, offsets, name, deadline, beat_ns)
     if not (offsets and ctx.answers.recompute and ctx.n <= CHAINS_MAX_OPS and chains_apply(ctx)):
         return out
     if out.timeline.valid and out.timeline.metrics.allocator == "static" and out.plan.stats.get(
@@ -323,7 +325,8 @@ def _plan_offloading(ctx: Context, settings: Settings, offsets: bool, name: str,
     return out
 
 
-def _placed(ctx: Context, settings: Settings, offsets: bool, name: str, deadline: float | None = None) -> Planned:
+def _placed(ctx: Context, settings: Settings, offsets: bool, name: str, deadline: float | None = None,
+            beat_ns: int | None = None) -> Planned:
     t0 = time.monotonic()
     budget = ctx.hw.hbm_bytes
     g, hw = ctx.graph, ctx.hw
@@ -342,17 +345,17 @@ def _placed(ctx: Context, settings: Settings, offsets: bool, name: str, deadline
         ctx.table  # noqa: B018 - built once here, the child inherits it (1 s on the 38.8k-op graph), not twice
     with Background(_replan, ctx, settings, first_replan, name, ctx.answers, None) if beside else nullcontext(
             ) as spec:
-        return _placed_from(ctx, settings, offsets, name, deadline, t0, floor, first_replan, spec)
+        return _placed_from(ctx, settings, offsets, name, deadline, t0, floor, first_replan, spec, beat_ns)
 
 
 def _placed_from(ctx: Context, settings: Settings, offsets: bool, name: str, deadline: float | None, t0: float,
-                 floor: int, first_replan: int | None, spec: Background | None) -> Planned:
+                 floor: int, first_replan: int | None, spec: Background | None, beat_ns: int | None) -> Planned:
     g, hw = ctx.graph, ctx.hw
     budget = hw.hbm_bytes
     plan, timeline, answers, windows_cut = _plan_checked(ctx, settings, budget, name)
     if not offsets or plan.status != PlanStatus.FEASIBLE or not timeline.valid:
         return Planned(plan, simulate(g, hw, plan))
-    first = plan
+    first, first_free = plan, timeline
     static: Planned | None = None
     caching: Timeline | None = None  # the first plan under the caching allocator, once needed
     out_of_time = False
@@ -472,7 +475,11 @@ def _placed_from(ctx: Context, settings: Settings, offsets: bool, name: str, dea
     # made for a lower budget, if any: the faster one wins, static offsets on a tie.
     if caching is None:
         caching = simulate(g, hw, first)
-    if caching.compactions:
+    # Evictions add steps and waits, so no eviction makes the first plan faster than its run without the allocator
+    # model: where the static plan, or the caller's best, is no slower than that, the search would be in vain.
+    floor_ns = first_free.metrics.makespan_ns
+    if caching.compactions and (static is None or static.timeline.metrics.makespan_ns > floor_ns) and (
+            beat_ns is None or beat_ns > floor_ns):
         compactions = caching.metrics.defrag_events
         first, caching, added = spare_compactions(g, hw, first, caching, deadline=deadline)
         if added:

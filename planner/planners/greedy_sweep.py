@@ -170,8 +170,12 @@ def _sweep(contexts: list[Context], grid: dict | None, offsets: bool, finalists:
             mine = [(c, k) for *_, c2, k in ranked if c2 == c and (defaults or k)][: max(1, int(finalists))]
             chosen += mine + [(c, 0)] * (defaults and (c, 0) not in mine)
     planned: dict[tuple[int, int], Planned] = {}
-    for c, k in chosen or [(0, 0)]:
-        planned[c, k] = planned_with_context(contexts[c], points[k], offsets=offsets, name="greedy-sweep")
+    # The best ranked first, so that the later ones know the makespan to beat (``beat_ns``).
+    rank = {(c, k): i for i, (*_, c, k) in enumerate(ranked)}
+    for c, k in sorted(chosen or [(0, 0)], key=lambda ck: rank.get(ck, len(rank))):
+        best = min((p.timeline.metrics.makespan_ns for p in planned.values() if p.timeline.valid), default=None)
+        planned[c, k] = planned_with_context(contexts[c], points[k], offsets=offsets, name="greedy-sweep",
+                                             beat_ns=best)
 
     def key(ck: tuple[int, int]) -> tuple:
         tl = planned[ck].timeline
