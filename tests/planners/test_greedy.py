@@ -543,3 +543,23 @@ def test_an_unknown_eviction_rule_is_bad_input():
     result = CliRunner().invoke(main, [str(GRAPHS / "transformer_block.json"), "--hbm", "1GB", "--planner",
                                        "greedy", "-O", "evict=lru"])
     assert result.exit_code == 2 and "evict" in result.output and "Traceback" not in result.output
+
+
+def test_greedy_searches_evictions_against_compactions_only_where_they_can_beat_the_callers_best(monkeypatch):
+    """Evictions never make a plan faster than its run without the allocator model, so a caller's best below
+    that (``beat_ns``) skips the search: here greedy then keeps its static plan for a lower budget (893.32 ms),
+    which the caching run with evictions beats (893.17 ms)."""
+    import planner.planners.greedy as greedy
+    from planner.planners.greedy import Settings, planned_with_context
+    from planner.planners.greedy_select import Context
+
+    g = api.load_graph(GRAPHS / "llama3-8b-no2-4layers.json")
+    hw = api.hardware("ascend-910c", hbm="7GB")
+    monkeypatch.setattr(greedy, "REFINE_MAX_OPS", 0)  # one replan, whose static plan loses to the caching run
+    monkeypatch.setattr(greedy, "can_fork", lambda: False)
+    searched = planned_with_context(Context(g, hw, "auto"), Settings())
+    skipped = planned_with_context(Context(g, hw, "auto"), Settings(), beat_ns=1)
+    for out in (searched, skipped):
+        assert out.timeline.valid and simulate(g, hw, out.plan) == out.timeline
+    assert searched.plan.stats["compaction_evictions"] > 0 and "compaction_evictions" not in skipped.plan.stats
+    assert searched.timeline.metrics.makespan_ns < skipped.timeline.metrics.makespan_ns
