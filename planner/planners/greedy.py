@@ -165,17 +165,22 @@ def plan_greedy_timed(
 
 
 def with_early_weight_stores(ctx: Context, settings: Settings, out: Planned, offsets: bool = True,
-                             name: str = "greedy", deadline: float | None = None) -> Planned:
+                             name: str = "greedy", deadline: float | None = None,
+                             beat_ns: int | None = None) -> Planned:
     """``out`` (``ctx``'s plan), or ``ctx``'s plan with the Stores of its inference weights issued at the step's
     start (``refine.store_issued_after``) when that one is faster; ``out`` alone, at no cost, unless the compute
     stream of ``out`` waits for a Store of an inference weight (never on training graphs: every weight is
     updated). One more plan where it does: the rule wins on some inference graphs and loses on others, and greedy's
-    estimates do not tell which beforehand."""
+    estimates do not tell which beforehand. ``beat_ns``: as ``planned_with_context``'s (a sweep's best so far)."""
     if not waits_for_weight_store(ctx, out):
         return out
+    # The other plan counts only where it beats ``out``: no evictions' search for one that cannot.
+    if not rank_planned(out)[0]:
+        own = out.timeline.metrics.makespan_ns
+        beat_ns = own if beat_ns is None else min(own, beat_ns)
     ctx.early_weight_stores = True
     try:
-        early = planned_with_context(ctx, settings, offsets, name, deadline)
+        early = planned_with_context(ctx, settings, offsets, name, deadline, beat_ns)
     finally:
         ctx.early_weight_stores = False
     if rank_planned(early) >= rank_planned(out):

@@ -189,8 +189,9 @@ def _sweep(contexts: list[Context], grid: dict | None, offsets: bool, finalists:
         if at_defaults:
             firsts.append(min(at_defaults, key=key))
         for ck in dict.fromkeys(firsts):
+            best = min((p.timeline.metrics.makespan_ns for p in planned.values() if p.timeline.valid), default=None)
             planned[ck] = with_early_weight_stores(contexts[ck[0]], points[ck[1]], planned[ck], offsets,
-                                                   "greedy-sweep")
+                                                   "greedy-sweep", beat_ns=best)
     plan = planned[min(planned, key=key)].plan
     options = dict(plan.options, sweep=True)
     stats = dict(plan.stats, sweep_points=grid_size, sweep_belady_points=len(points) - grid_size,

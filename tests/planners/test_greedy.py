@@ -563,3 +563,29 @@ def test_greedy_searches_evictions_against_compactions_only_where_they_can_beat_
         assert out.timeline.valid and simulate(g, hw, out.plan) == out.timeline
     assert searched.plan.stats["compaction_evictions"] > 0 and "compaction_evictions" not in skipped.plan.stats
     assert searched.timeline.metrics.makespan_ns < skipped.timeline.metrics.makespan_ns
+
+
+def test_the_early_stores_plan_searches_evictions_only_to_beat_the_plan_it_would_replace(monkeypatch):
+    """``with_early_weight_stores`` keeps its second plan only where it is faster than ``out``, so it passes
+    ``out``'s makespan down as ``beat_ns`` (or the caller's best, when lower), and returns ``out`` otherwise."""
+    import planner.planners.greedy as greedy
+    from planner.planners.greedy import Settings, planned_with_context, with_early_weight_stores
+    from planner.planners.greedy_select import Context
+
+    g = api.load_graph(GRAPHS / "transformer_block.json")
+    hw = api.hardware("ascend-910c", hbm="1GB")
+    out = planned_with_context(Context(g, hw, "auto"), Settings())
+    assert out.timeline.valid and simulate(g, hw, out.plan) == out.timeline
+    own = out.timeline.metrics.makespan_ns
+    given: list[int | None] = []
+
+    def second(ctx, settings, offsets, name, deadline, beat_ns=None):
+        given.append(beat_ns)
+        return out  # no faster: out comes back
+
+    monkeypatch.setattr(greedy, "waits_for_weight_store", lambda ctx, planned: True)
+    monkeypatch.setattr(greedy, "planned_with_context", second)
+    for caller, expected in ((None, own), (own + 1, own), (own - 1, own - 1)):
+        ctx = Context(g, hw, "auto")
+        assert with_early_weight_stores(ctx, Settings(), out, beat_ns=caller) is out
+        assert given.pop() == expected and not ctx.early_weight_stores
