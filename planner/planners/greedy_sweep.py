@@ -170,12 +170,16 @@ def _sweep(contexts: list[Context], grid: dict | None, offsets: bool, finalists:
             mine = [(c, k) for *_, c2, k in ranked if c2 == c and (defaults or k)][: max(1, int(finalists))]
             chosen += mine + [(c, 0)] * (defaults and (c, 0) not in mine)
     planned: dict[tuple[int, int], Planned] = {}
-    # The best ranked first, so that the later ones know the makespan to beat (``beat_ns``).
+
+    def best_so_far() -> int | None:
+        """The makespan to beat (``beat_ns``): the fastest valid plan placed so far."""
+        return min((p.timeline.metrics.makespan_ns for p in planned.values() if p.timeline.valid), default=None)
+
+    # The best ranked first, so that the later ones know the makespan to beat.
     rank = {(c, k): i for i, (*_, c, k) in enumerate(ranked)}
     for c, k in sorted(chosen or [(0, 0)], key=lambda ck: rank.get(ck, len(rank))):
-        best = min((p.timeline.metrics.makespan_ns for p in planned.values() if p.timeline.valid), default=None)
         planned[c, k] = planned_with_context(contexts[c], points[k], offsets=offsets, name="greedy-sweep",
-                                             beat_ns=best)
+                                             beat_ns=best_so_far())
 
     def key(ck: tuple[int, int]) -> tuple:
         tl = planned[ck].timeline
@@ -189,9 +193,8 @@ def _sweep(contexts: list[Context], grid: dict | None, offsets: bool, finalists:
         if at_defaults:
             firsts.append(min(at_defaults, key=key))
         for ck in dict.fromkeys(firsts):
-            best = min((p.timeline.metrics.makespan_ns for p in planned.values() if p.timeline.valid), default=None)
             planned[ck] = with_early_weight_stores(contexts[ck[0]], points[ck[1]], planned[ck], offsets,
-                                                   "greedy-sweep", beat_ns=best)
+                                                   "greedy-sweep", beat_ns=best_so_far())
     plan = planned[min(planned, key=key)].plan
     options = dict(plan.options, sweep=True)
     stats = dict(plan.stats, sweep_points=grid_size, sweep_belady_points=len(points) - grid_size,
