@@ -128,8 +128,8 @@ def makespan_bounds(graph: Graph, hw: Hardware, recompute: bool = True) -> list[
     - total compute time (one compute stream);
     - the first fetch of every tensor pinned to a remote tier and read: the fetch links carry those bytes, and
       the last fetch ends before some op runs. A tensor whose tier the planner chooses may start on HBM, but
-      all of them together only within the budget beside the tensors pinned there: the bytes read beyond that
-      room are fetched too (here and in the next bound);
+      all of them together only within the budget beside the tensors pinned there and still needed (read, or
+      outliving the step): the bytes read beyond that room are fetched too (here and in the next bound);
     - per op ``o``, whatever the order: the tensors that must exist while ``o`` runs (made before it by its
       ancestors or present from the start, and still needed: read by ``o`` or a descendant, or outliving the
       step) exceed the budget by some bytes that must be off HBM when ``o`` starts. Those with no valid remote
@@ -159,9 +159,9 @@ def makespan_bounds(graph: Graph, hw: Hardware, recompute: bool = True) -> list[
     # pinned there, so the bytes of them an op and its ancestors read beyond that room start remote and are
     # fetched (steady state: every step starts from the same placement, within the budget at time 0).
     free = np.array([t not in graph.producer and not graph.tensors[t].pinned for t in names])
-    pinned_hbm = sum(graph.tensors[t].bytes for t in names
-                     if t not in graph.producer and graph.tensors[t].pinned and graph.tensors[t].home == HBM)
-    room = max(0, budget - pinned_hbm)
+    # Beside what is pinned there and still needed: a tensor pinned to HBM that nothing reads and that does not
+    # outlive the step can be dropped at time 0, before anything else is allocated (``initial_hbm_bytes``).
+    room = max(0, budget - initial_hbm_bytes(graph))
     may_be_remote = np.array([t not in graph.producer and graph.tensors[t].home != HBM for t in names])
     read = np.array([t in used for t in names])
     fetched_free = max(0.0, float(size[free & read].sum()) - room)

@@ -70,6 +70,24 @@ def test_weights_fetched_in_turn_count_once_in_the_per_op_bound():
     assert bounds.makespan_bound(g, hw).value <= 602
 
 
+def test_a_tensor_pinned_to_hbm_that_nothing_needs_leaves_room_for_the_placed_ones():
+    # A 700 B input that no op reads, pinned to HBM, and a 200 B weight whose tier the planner chooses, in a 400 B
+    # budget: the input is dropped at time 0, so the weight starts on HBM and nothing is fetched (the exact search:
+    # 100 ns, the op alone). A bound that kept the input's bytes beside the weight claimed 200 ns of fetch first
+    # (found by fuzzing the bounds against the exact search).
+    from planner.graph import AUTO
+    from planner.planners.exact import plan_exact
+
+    tensors = [Tensor("junk", 700, TensorKind.INPUT, home=HBM), Tensor("w", 200, TensorKind.WEIGHT, home=AUTO),
+               Tensor("y", 50, TensorKind.OUTPUT)]
+    g = Graph.build("unread_input", tensors, [Op("f", "F", ("w",), ("y",), duration_s=100 * NS)])
+    hw = simple_hardware(hbm=400)
+    optimum = plan_exact(g, hw)
+    tl = simulate(g, hw, optimum)
+    assert tl.valid and optimum.stats["exact"]["proven"] and tl.metrics.makespan_ns == 100
+    assert [b.value for b in bounds.makespan_bounds(g, hw) if b.value > 100] == []
+
+
 def test_gap_is_relative_to_the_bound():
     assert bounds.gap(110, 100) == pytest.approx(0.1)
     assert bounds.gap(5, 0) is None
