@@ -83,13 +83,15 @@ class Hardware:
         """The link that carries ``tier`` -> HBM."""
         return next(ln for ln in self.links if ln.dst == HBM and ln.src == tier)
 
+    def round_trip_key(self, tier: str) -> tuple[float, float, str]:
+        """How quick a round trip (store then fetch) to ``tier`` is, quickest smallest: for a large tensor (the
+        inverse bandwidths), then, between tiers that tie on it, for a small one (the latencies); the name last."""
+        s, f = self.store_link(tier), self.fetch_link(tier)
+        return 1 / s.bandwidth_Bps + 1 / f.bandwidth_Bps, s.latency_s + f.latency_s, tier
+
     def fastest_remote_tier(self) -> str:
-        """The remote tier whose round trip (store then fetch) is quickest for a large tensor."""
-
-        def round_trip(t: Tier) -> float:
-            return 1 / self.store_link(t.name).bandwidth_Bps + 1 / self.fetch_link(t.name).bandwidth_Bps
-
-        return min(self.remote_tiers, key=lambda t: (round_trip(t), t.name)).name
+        """The remote tier whose round trip is quickest (``round_trip_key``)."""
+        return min(self.remote_tiers, key=lambda t: self.round_trip_key(t.name)).name
 
     def to_dict(self) -> dict:
         d = asdict(self)

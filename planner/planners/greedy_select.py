@@ -185,10 +185,7 @@ class Context:
         self.S = starts  # S[i]: op i's start with no stall; S[n]: the compute total
         self.S_list = starts[:n].tolist()
         # Remote tiers, fastest round trip first.
-        self.tiers = sorted(
-            (t.name for t in hw.remote_tiers),
-            key=lambda name: (1 / hw.store_link(name).bandwidth_Bps + 1 / hw.fetch_link(name).bandwidth_Bps, name),
-        )
+        self.tiers = sorted((t.name for t in hw.remote_tiers), key=hw.round_trip_key)
         self.store_link = {t: hw.store_link(t).name for t in self.tiers}  # tier -> link name
         self.fetch_link = {t: hw.fetch_link(t).name for t in self.tiers}
         self._links = hw.links_by_name

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
-from conftest import GRAPHS, simple_hardware
+from conftest import GRAPHS, fwd_bwd, simple_hardware
 
 from planner import api
 from planner.bounds import hbm_floor, largest_working_set
@@ -20,6 +20,7 @@ from planner.plan import StepKind
 from planner.planners.greedy import DEFAULTS, plan_greedy, plan_greedy_timed
 from planner.planners.greedy_select import EVICT_RULES
 from planner.planners.greedy_sweep import grid_points, plan_greedy_sweep
+from planner.planners.none import plan_none
 from planner.planners.reactive import plan_reactive
 
 GRAPH_FILES = sorted(GRAPHS.glob("*.json"))
@@ -589,3 +590,18 @@ def test_the_early_stores_plan_searches_evictions_only_to_beat_the_plan_it_would
         ctx = Context(g, hw, "auto")
         assert with_early_weight_stores(ctx, Settings(), out, beat_ns=caller) is out
         assert given.pop() == expected and not ctx.early_weight_stores
+
+
+def test_between_tiers_of_the_same_bandwidth_greedy_stores_to_the_one_of_lower_latency():
+    # The host and the pool move 4 GB/s each way; the pool has no latency. Sorted by bandwidth and then by name,
+    # the host came first, a tier the CP-SAT model does not even offer (the pool beats it on every count).
+    from test_properties import with_pool
+
+    g = fwd_bwd()
+    big = simple_hardware(hbm=10**9)
+    peak = simulate(g, big, plan_none(g, big)).metrics.peak_bytes[HBM]
+    hw = with_pool(simple_hardware(hbm=int(peak * 0.7), bw=4e9, latency=5e-8, channels=2))
+    assert hw.fastest_remote_tier() == "pool"
+    plan = plan_greedy(g, hw)
+    assert simulate(g, hw, plan).valid
+    assert {s.stream for s in plan.steps if s.kind.name in ("STORE", "PREFETCH")} == {"d2p", "p2d"}

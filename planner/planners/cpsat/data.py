@@ -247,11 +247,7 @@ def usable_tiers(graph: Graph, hw: Hardware) -> tuple[str, ...]:
     if not remote:
         return ()
 
-    def speed(t):
-        s, f = hw.store_link(t.name), hw.fetch_link(t.name)
-        return (1 / s.bandwidth_Bps + 1 / f.bandwidth_Bps, s.latency_s + f.latency_s, t.name)
-
-    remote.sort(key=speed)
+    remote.sort(key=lambda t: hw.round_trip_key(t.name))
     movable = sum(t.bytes for t in graph.tensors.values()
                   if not (t.name not in graph.producer and t.pinned and t.home != HBM))
     keep = []

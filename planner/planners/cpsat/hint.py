@@ -118,6 +118,9 @@ def assignment_from_plan(p: Problem, plan: Plan, times: list[tuple[int, int]]) -
             if s.kind is StepKind.STORE:
                 version = sum(1 for u in t.updaters if op_end(p, a, u) <= when)
                 slot = slot_of.get((k, version))
+                if slot is not None and links[s.stream].tier not in slot.store:
+                    notes.append(f"store of {t.name!r} (step {i}) goes to a tier the model does not offer for it")
+                    continue
                 if slot is not None and slot.index not in a.store:
                     a.store[slot.index] = links[s.stream].tier
                     a.store_start[slot.index] = when
@@ -143,6 +146,12 @@ def assignment_from_plan(p: Problem, plan: Plan, times: list[tuple[int, int]]) -
                 a.off[gap.index] = RECOMPUTE
                 open_gap = None
             else:
+                if links[s.stream].tier not in gap.tiers:
+                    # A tier that another beats on every count is not offered (data.usable_tiers); a plan that uses
+                    # it is outside the model.
+                    notes.append(f"prefetch of {t.name!r} (step {i}) comes from a tier the model does not offer "
+                                 "for it")
+                    continue
                 a.prefetch[gap.index] = when
                 a.off[gap.index] = links[s.stream].tier
                 open_gap = None
