@@ -7,12 +7,13 @@ import pytest
 from conftest import GRAPHS, small_case
 from hypothesis import given
 from hypothesis import strategies as st
-from test_properties import SMALL_PROPERTY, at_fraction, graphs
+from test_properties import SMALL_PROPERTY, at_fraction, graphs_and_hardware
 
 from planner import api, bench
 from planner.bounds import makespan_bounds
 from planner.errors import InputError
 from planner.executor import simulate
+from planner.plan import StepKind
 from planner.planners.exact import MAX_OPS, exact_scale, incumbent, plan_exact, search_exact
 from planner.planners.greedy import plan_greedy
 from planner.planners.reactive import plan_reactive
@@ -50,9 +51,10 @@ def test_exact_refuses_large_graphs():
 
 
 @SMALL_PROPERTY
-@given(graphs(max_ops=5), st.floats(0.5, 1.0))
-def test_bounds_and_planners_never_cross_a_proven_optimum(g, fraction):
-    hw = at_fraction(g, fraction)
+@given(graphs_and_hardware(max_ops=5), st.floats(0.5, 1.0))
+def test_bounds_and_planners_never_cross_a_proven_optimum(case, fraction):
+    g, base = case
+    hw = at_fraction(g, fraction, base)
     if hw is None:
         return  # below the floor: no plan exists
     plan = plan_exact(g, hw, time_limit=10)
@@ -62,8 +64,10 @@ def test_bounds_and_planners_never_cross_a_proven_optimum(g, fraction):
     for b in makespan_bounds(g, hw):
         assert b.value <= optimum + 1e-6, (b.reason, b.value, optimum)
     for fn in (plan_greedy, plan_reactive):
-        tl = simulate(g, hw, fn(g, hw))
-        if tl.valid:
+        other = fn(g, hw)
+        tl = simulate(g, hw, other)
+        # The exact search has no re-runs: a plan with some may be faster than its optimum.
+        if tl.valid and not other.count(StepKind.RECOMPUTE):
             assert tl.metrics.makespan_ns >= optimum, (fn.__name__, tl.metrics.makespan_ns, optimum)
 
 
