@@ -53,7 +53,7 @@ from planner.hardware import HBM, Hardware
 from planner.offsets_cpsat import EFFORT, offsets_within
 from planner.orders import DEFERRED, live_bytes, named_order
 from planner.placement import plan_placement
-from planner.plan import COMPUTE, Plan, PlanStatus, ProgramBuilder, StepKind
+from planner.plan import COMPUTE, Plan, PlanStatus, ProgramBuilder, Step, StepKind
 from planner.planned import Planned, place_statically
 from planner.planners.greedy_deferred import DEFERRED_EIGHTHS, DEFERRED_MAX_OPS, plan_deferred
 from planner.planners.greedy_remat import chains_apply, plan_remat_chains
@@ -676,13 +676,67 @@ def _remat_may_fit(ctx: Context, budget: int) -> bool:
 
 def _checked(ctx: Context, plan: Plan) -> tuple[tuple, Plan, Timeline]:
     """(rank key, plan, timeline): the plan timed without the allocator model, infeasible when the executor
-    rejects it; the key ranks valid plans first, then the faster."""
+    rejects it; the key ranks valid plans first, then the faster. A plan over the budget only at the step's end
+    gets room there first (``with_room_at_the_end``)."""
     timeline = simulate(ctx.graph, ctx.hw, plan, allocator=False)
+    if timeline.violations and plan.status == PlanStatus.FEASIBLE:
+        roomy = with_room_at_the_end(ctx, plan, timeline)
+        if roomy is not None:
+            roomy_timeline = simulate(ctx.graph, ctx.hw, roomy, allocator=False)
+            if roomy_timeline.valid:
+                plan, timeline = roomy, roomy_timeline
     if timeline.violations and plan.status == PlanStatus.FEASIBLE:
         shown = "; ".join(v.describe() for v in timeline.violations[:3])
         plan = replace(plan, status=PlanStatus.INFEASIBLE,
                        notes=plan.notes + (f"the executor rejects the greedy plan: {shown}",))
     return (not (timeline.valid and plan.status == PlanStatus.FEASIBLE), timeline.metrics.makespan_ns), plan, timeline
+
+
+def with_room_at_the_end(ctx: Context, plan: Plan, timeline: Timeline) -> Plan | None:
+    """``plan`` with room made for what comes back at the step's end, or None where that is not its fault.
+
+    The selection counts HBM during each op, not after the last one, where the tensors that started the step on
+    HBM and left it come back (``back`` gaps) beside the tensors the step made and keeps (its outputs): together
+    they may not fit. Then the kept ones, largest first, are stored to the fastest remote tier and dropped after
+    the last op, until what is held when the step ends fits, and the end's Prefetches wait for those Detaches.
+    Only for a plan whose every violation is a capacity one after the last op ends."""
+    steps = plan.steps
+    ops = [i for i, s in enumerate(steps) if s.kind in (StepKind.COMPUTE, StepKind.RECOMPUTE)]
+    if not ops or not ctx.tiers:
+        return None
+    last = ops[-1]
+    last_end = timeline.steps[last].end_ns
+    if any(v.kind != "capacity" or v.time_ns < last_end for v in timeline.violations):
+        return None
+    held = [r for r in timeline.residencies if r.tier == HBM and r.until_end]
+    excess = sum(r.bytes for r in held) - ctx.hw.hbm_bytes
+    stored = {s.target for s in steps if s.kind is StepKind.STORE}
+    made = sorted((r for r in held if r.name in ctx.graph.producer and r.name not in stored),
+                  key=lambda r: (-r.bytes, r.name))
+    chosen: list[str] = []
+    for r in made:
+        if excess <= 0:
+            break
+        chosen.append(r.name)
+        excess -= r.bytes
+    if excess > 0 or not chosen:
+        return None
+    # New steps right after the last op: a Store and a Detach per tensor; the later steps shift by their count.
+    tier = ctx.tiers[0]
+    at = last + 1
+    shift = 2 * len(chosen)
+    new = [Step(s.kind, s.target, s.stream, tuple(w + shift if w >= at else w for w in s.waits)) for s in steps]
+    added = []
+    for k, name in enumerate(chosen):
+        added.append(Step(StepKind.STORE, name, ctx.store_link[tier], (last,)))
+        added.append(Step(StepKind.DETACH, name, COMPUTE, (at + 2 * k,)))
+    detaches = tuple(at + 2 * k + 1 for k in range(len(chosen)))
+    tail = [s if s.kind is not StepKind.PREFETCH else Step(s.kind, s.target, s.stream,
+                                                           tuple(sorted(set(s.waits) | set(detaches))))
+            for s in new[at:]]
+    return replace(plan, steps=tuple(new[:at] + added + tail),
+                   notes=plan.notes + (f"stored {len(chosen)} tensor(s) the step made and keeps, after its last op, "
+                                       "to make room for what comes back to HBM before it ends",))
 
 
 def build_plan(ctx: Context, settings: Settings, budget: int, name: str = "greedy", answers: Answers | None = None,

@@ -605,3 +605,23 @@ def test_between_tiers_of_the_same_bandwidth_greedy_stores_to_the_one_of_lower_l
     plan = plan_greedy(g, hw)
     assert simulate(g, hw, plan).valid
     assert {s.stream for s in plan.steps if s.kind.name in ("STORE", "PREFETCH")} == {"d2p", "p2d"}
+
+
+def test_what_comes_back_at_the_steps_end_finds_room_beside_what_the_step_keeps():
+    # A 3 B weight that no op reads leaves HBM (4 B budget) so that the op's 2 B output fits, and must be back when
+    # the step ends, beside that output, which the step keeps: 5 B. Greedy counts HBM during each op, not after the
+    # last one, and fetched the weight back over the budget. The output is stored and dropped first now, as the
+    # exact search does (1008 ns, proven; found by HO_PLAN_FUZZ, docs/testing.md).
+    from test_properties import budgeted
+
+    from planner.planners.exact import plan_exact
+
+    tensors = [Tensor("p0", 1, TensorKind.INPUT), Tensor("p1", 1, TensorKind.INPUT),
+               Tensor("w", 3, TensorKind.WEIGHT), Tensor("y", 2, TensorKind.OUTPUT)]
+    g = Graph.build("end_room", tensors, [Op("op0", "F", ("p0",), ("y",), duration_s=1e-6)])
+    hw = budgeted(simple_hardware(), 4)
+    plan = plan_greedy(g, hw)
+    tl = simulate(g, hw, plan)
+    assert tl.valid, [v.describe() for v in tl.violations]
+    optimum = plan_exact(g, hw)
+    assert optimum.stats["exact"]["proven"] and tl.metrics.makespan_ns == optimum.stats["exact"]["optimum_ns"] == 1008
