@@ -696,9 +696,10 @@ def with_room_at_the_end(ctx: Context, plan: Plan, timeline: Timeline) -> Plan |
     """``plan`` with room made for what comes back at the step's end, or None where that is not its fault.
 
     The selection counts HBM during each op, not after the last one, where the tensors that started the step on
-    HBM and left it come back (``back`` gaps) beside the tensors the step made and keeps (its outputs): together
-    they may not fit. Then the kept ones, largest first, are stored to the fastest remote tier and dropped after
-    the last op, until what is held when the step ends fits, and the end's Prefetches wait for those Detaches.
+    HBM and left it come back (``back`` gaps) beside what the plan still holds: the tensors the step made and
+    keeps (its outputs) and copies of tensors pinned remote and never written. Together they may not fit. Then,
+    after the last op, those copies are dropped, and the kept tensors, largest first, stored to the fastest remote
+    tier and dropped, until what is held when the step ends fits; the end's Prefetches wait for those Detaches.
     Only for a plan whose every violation is a capacity one after the last op ends."""
     steps = plan.steps
     ops = [i for i, s in enumerate(steps) if s.kind in (StepKind.COMPUTE, StepKind.RECOMPUTE)]
@@ -708,35 +709,47 @@ def with_room_at_the_end(ctx: Context, plan: Plan, timeline: Timeline) -> Plan |
     last_end = timeline.steps[last].end_ns
     if any(v.kind != "capacity" or v.time_ns < last_end for v in timeline.violations):
         return None
+    g = ctx.graph
     held = [r for r in timeline.residencies if r.tier == HBM and r.until_end]
     excess = sum(r.bytes for r in held) - ctx.hw.hbm_bytes
     stored = {s.target for s in steps if s.kind is StepKind.STORE}
-    made = sorted((r for r in held if r.name in ctx.graph.producer and r.name not in stored),
-                  key=lambda r: (-r.bytes, r.name))
-    chosen: list[str] = []
-    for r in made:
+    updated = {t for op in g.ops for t in op.updates}
+
+    def home_copy(name: str) -> bool:  # pinned to a remote tier and never written: its copy there is valid
+        t = g.tensors[name]
+        return name not in g.producer and t.pinned and t.home != HBM and name not in updated
+
+    # Copies of remote tensors first (a Detach is enough), then what the step made (a Store first).
+    kept = sorted((r for r in held if home_copy(r.name) or (r.name in g.producer and r.name not in stored)),
+                  key=lambda r: (not home_copy(r.name), -r.bytes, r.name))
+    chosen: list[tuple[str, bool]] = []  # (tensor, needs a Store)
+    for r in kept:
         if excess <= 0:
             break
-        chosen.append(r.name)
+        chosen.append((r.name, not home_copy(r.name)))
         excess -= r.bytes
     if excess > 0 or not chosen:
         return None
-    # New steps right after the last op: a Store and a Detach per tensor; the later steps shift by their count.
+    # New steps right after the last op: a Store where needed and a Detach per tensor; later steps shift.
     tier = ctx.tiers[0]
     at = last + 1
-    shift = 2 * len(chosen)
+    added: list[Step] = []
+    detaches = []
+    for name, store in chosen:
+        waits = (last,)
+        if store:
+            added.append(Step(StepKind.STORE, name, ctx.store_link[tier], (last,)))
+            waits = (at + len(added) - 1,)
+        added.append(Step(StepKind.DETACH, name, COMPUTE, waits))
+        detaches.append(at + len(added) - 1)
+    shift = len(added)
     new = [Step(s.kind, s.target, s.stream, tuple(w + shift if w >= at else w for w in s.waits)) for s in steps]
-    added = []
-    for k, name in enumerate(chosen):
-        added.append(Step(StepKind.STORE, name, ctx.store_link[tier], (last,)))
-        added.append(Step(StepKind.DETACH, name, COMPUTE, (at + 2 * k,)))
-    detaches = tuple(at + 2 * k + 1 for k in range(len(chosen)))
     tail = [s if s.kind is not StepKind.PREFETCH else Step(s.kind, s.target, s.stream,
                                                            tuple(sorted(set(s.waits) | set(detaches))))
             for s in new[at:]]
     return replace(plan, steps=tuple(new[:at] + added + tail),
-                   notes=plan.notes + (f"stored {len(chosen)} tensor(s) the step made and keeps, after its last op, "
-                                       "to make room for what comes back to HBM before it ends",))
+                   notes=plan.notes + (f"dropped {len(chosen)} tensor(s) after the last op (storing those the step "
+                                       "made) to make room for what comes back to HBM before it ends",))
 
 
 def build_plan(ctx: Context, settings: Settings, budget: int, name: str = "greedy", answers: Answers | None = None,

@@ -625,3 +625,19 @@ def test_what_comes_back_at_the_steps_end_finds_room_beside_what_the_step_keeps(
     assert tl.valid, [v.describe() for v in tl.violations]
     optimum = plan_exact(g, hw)
     assert optimum.stats["exact"]["proven"] and tl.metrics.makespan_ns == optimum.stats["exact"]["optimum_ns"] == 1008
+
+
+def test_a_remote_weights_copy_held_to_the_steps_end_is_dropped_to_make_room_there():
+    # Two 1 B weights pinned to HBM that no op reads, and a 1 B host weight the op reads, in a 2 B budget: both HBM
+    # weights leave so that the op fits, and come back at the end beside the host weight's copy, which greedy held
+    # to the end (3 B). That copy is valid on the host, so a Detach alone makes room (found by HO_PLAN_FUZZ).
+    from test_properties import budgeted
+
+    tensors = [Tensor("w0", 1, TensorKind.WEIGHT), Tensor("w1", 1, TensorKind.WEIGHT),
+               Tensor("h", 1, TensorKind.WEIGHT, home="host"), Tensor("a", 1)]
+    g = Graph.build("end_copy", tensors, [Op("op0", "F", ("h",), ("a",), duration_s=1e-6)])
+    hw = budgeted(simple_hardware(), 2)
+    plan = plan_greedy(g, hw)
+    tl = simulate(g, hw, plan)
+    assert tl.valid, [v.describe() for v in tl.violations]
+    assert not [s for s in plan.steps if s.kind is StepKind.STORE and s.target == "h"]
