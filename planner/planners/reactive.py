@@ -130,6 +130,8 @@ class _Runtime:
         self.prev_compute: int | None = None
         self.status = PlanStatus.FEASIBLE
         self.notes: list[str] = []
+        # The Detaches of the start: the first op's fetches wait for them, as for any eviction they count on.
+        self.start_frees: list[int] = []
         self._start()
 
     def _start(self) -> None:
@@ -149,7 +151,7 @@ class _Runtime:
                 mem.remote_used[t.home] += t.bytes
         for name in sorted(mem.resident):
             if not graph.tensors[name].persistent and not self.uses[name]:
-                self.pb.detach(name, stream=COMPUTE)
+                self.start_frees.append(self.pb.detach(name, stream=COMPUTE))
                 del mem.resident[name]
                 mem.used -= graph.tensors[name].bytes
         if mem.used > self.hw.hbm_bytes:
@@ -222,7 +224,7 @@ class _Runtime:
         self.clock += 1
         missing = [t for t in op.reads if t not in mem.resident]
         new = sum(self.size(t) for t in missing) + sum(self.size(t) for t in op.outputs) + op.workspace_bytes
-        frees: list[int] = []
+        frees, self.start_frees = self.start_frees, []
         if not self.make_room(new, set(op.reads), i, frees):
             self.status = PlanStatus.INFEASIBLE
             self.notes.append(f"op {name!r}: cannot make room for {format_bytes_exact(new)} on HBM (budget "

@@ -117,3 +117,18 @@ def test_budget_below_working_set_is_infeasible():
     with pytest.raises(api.InfeasibleBudget) as err:
         api.plan(g, simple_hardware(hbm=100), planner="reactive")
     assert err.value.minimum == 100 + 10 + 100 and "op 'op1'" in err.value.reason
+
+
+def test_reactive_fetches_wait_for_the_drops_of_the_start():
+    """The room of tensors dropped at time 0 is what the first fetch counts on: it waits for their Detaches."""
+    g = Graph("dropped", {"x": Tensor("x", 3, TensorKind.INPUT, home="host"),
+                          "small": Tensor("small", 1, TensorKind.INPUT),
+                          "unread": Tensor("unread", 4, TensorKind.INPUT), "w": Tensor("w", 1, TensorKind.WEIGHT)},
+              (Op("op0", "F", ("x",), (), updates=("w",), duration_s=1e-6),))
+    hw = simple_hardware(hbm=4)
+    plan = plan_reactive(g, hw)
+    drop = next(i for i, s in enumerate(plan.steps) if s.kind.value == "detach" and s.target == "unread")
+    fetch = next(s for s in plan.steps if s.kind.value == "prefetch")
+    assert drop in fetch.waits
+    tl = simulate(g, hw, plan)
+    assert plan.status == "feasible" and tl.valid, [v.describe() for v in tl.violations]
