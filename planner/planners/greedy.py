@@ -697,10 +697,11 @@ def with_room_at_the_end(ctx: Context, plan: Plan, timeline: Timeline) -> Plan |
 
     The selection counts HBM during each op, not after the last one, where the tensors that started the step on
     HBM and left it come back (``back`` gaps) beside what the plan still holds: the tensors the step made and
-    keeps (its outputs) and copies of tensors pinned remote and never written. Together they may not fit. Then,
-    after the last op, those copies are dropped, and the kept tensors, largest first, stored to the fastest remote
-    tier and dropped, until what is held when the step ends fits; the end's Prefetches wait for those Detaches.
-    Only for a plan whose every violation is a capacity one after the last op ends."""
+    keeps (its outputs), copies of tensors that live remote (pinned or placed there) and were never written, and
+    copies of those and of outputs stored after their last write. Together they may not fit. Then, after the last
+    op, those copies are dropped (once their Store ends), and the kept tensors, largest first, stored to the fastest
+    remote tier and dropped, until what is held when the step ends fits; the end's Prefetches come after and wait
+    for those Detaches. Only for a plan whose every violation is a capacity one after the last op ends."""
     steps = plan.steps
     ops = [i for i, s in enumerate(steps) if s.kind in (StepKind.COMPUTE, StepKind.RECOMPUTE)]
     if not ops or not ctx.tiers:
@@ -712,42 +713,65 @@ def with_room_at_the_end(ctx: Context, plan: Plan, timeline: Timeline) -> Plan |
     g = ctx.graph
     held = [r for r in timeline.residencies if r.tier == HBM and r.until_end]
     excess = sum(r.bytes for r in held) - ctx.hw.hbm_bytes
-    stored = {s.target for s in steps if s.kind is StepKind.STORE}
-    updated = {t for op in g.ops for t in op.updates}
+    last_write: dict[str, int] = {}
+    for i in ops:
+        if steps[i].kind is StepKind.COMPUTE:
+            op = g.op(steps[i].target)
+            for t in op.updates + op.outputs:
+                last_write[t] = i
+    stored_back: dict[str, int] = {}  # tensor -> its last Store, when that comes after its last write
+    for i, s in enumerate(steps):
+        if s.kind is StepKind.STORE and i > last_write.get(s.target, -1):
+            stored_back[s.target] = i
 
-    def home_copy(name: str) -> bool:  # pinned to a remote tier and never written: its copy there is valid
-        t = g.tensors[name]
-        return name not in g.producer and t.pinned and t.home != HBM and name not in updated
+    def lives_remote(name: str) -> bool:  # pinned to a remote tier, or placed on one
+        return name not in g.producer and plan.placement.get(name, g.tensors[name].home) != HBM
 
-    # Copies of remote tensors first (a Detach is enough), then what the step made (a Store first).
-    kept = sorted((r for r in held if home_copy(r.name) or (r.name in g.producer and r.name not in stored)),
-                  key=lambda r: (not home_copy(r.name), -r.bytes, r.name))
+    def home_copy(name: str) -> bool:  # lives remote and never written: its copy there is valid
+        return lives_remote(name) and name not in last_write
+
+    def droppable(name: str) -> bool:  # a Detach is enough (what the step made may end remote)
+        return home_copy(name) or (name in stored_back and (lives_remote(name) or name in g.producer))
+
+    # Copies with a valid remote copy first (a Detach is enough), then what the step made (a Store first).
+    kept = sorted((r for r in held if droppable(r.name) or (r.name in g.producer and r.name not in stored_back)),
+                  key=lambda r: (not droppable(r.name), -r.bytes, r.name))
     chosen: list[tuple[str, bool]] = []  # (tensor, needs a Store)
     for r in kept:
         if excess <= 0:
             break
-        chosen.append((r.name, not home_copy(r.name)))
+        chosen.append((r.name, not droppable(r.name)))
         excess -= r.bytes
     if excess > 0 or not chosen:
         return None
-    # New steps right after the last op: a Store where needed and a Detach per tensor; later steps shift.
-    tier = ctx.tiers[0]
+    # After the last op: the tail's steps but its Prefetches, then a Store where needed and a Detach per tensor,
+    # then the tail's Prefetches, which wait for those Detaches. Nothing else in the tail may wait for a Prefetch.
     at = last + 1
+    fetches = [i for i in range(at, len(steps)) if steps[i].kind is StepKind.PREFETCH]
+    others = [i for i in range(at, len(steps)) if steps[i].kind is not StepKind.PREFETCH]
+    if any(w in fetches for i in others for w in steps[i].waits):
+        return None
+    n_added = sum(1 + store for _, store in chosen)
+    where = {old: new for new, old in enumerate(list(range(at)) + others)}
+    where.update({old: at + len(others) + n_added + k for k, old in enumerate(fetches)})
+    tier = ctx.tiers[0]
     added: list[Step] = []
     detaches = []
     for name, store in chosen:
-        waits = (last,)
+        waits = (where[stored_back[name]],) if name in stored_back else (last,)
         if store:
             added.append(Step(StepKind.STORE, name, ctx.store_link[tier], (last,)))
-            waits = (at + len(added) - 1,)
+            waits = (at + len(others) + len(added) - 1,)
         added.append(Step(StepKind.DETACH, name, COMPUTE, waits))
-        detaches.append(at + len(added) - 1)
-    shift = len(added)
-    new = [Step(s.kind, s.target, s.stream, tuple(w + shift if w >= at else w for w in s.waits)) for s in steps]
-    tail = [s if s.kind is not StepKind.PREFETCH else Step(s.kind, s.target, s.stream,
-                                                           tuple(sorted(set(s.waits) | set(detaches))))
-            for s in new[at:]]
-    return replace(plan, steps=tuple(new[:at] + added + tail),
+        detaches.append(at + len(others) + len(added) - 1)
+
+    def moved(i: int, extra: tuple[int, ...] = ()) -> Step:
+        s = steps[i]
+        return Step(s.kind, s.target, s.stream, tuple(sorted({where[w] for w in s.waits} | set(extra))))
+
+    new = ([moved(i) for i in range(at)] + [moved(i) for i in others] + added
+           + [moved(i, tuple(detaches)) for i in fetches])
+    return replace(plan, steps=tuple(new),
                    notes=plan.notes + (f"dropped {len(chosen)} tensor(s) after the last op (storing those the step "
                                        "made) to make room for what comes back to HBM before it ends",))
 
@@ -758,10 +782,24 @@ def build_plan(ctx: Context, settings: Settings, budget: int, name: str = "greed
     options record ``ctx.answers``, what the caller asked for. ``cut_windows``: ``select_gaps``'.
     ``early_fetches``: each Prefetch waits only for the Detaches of its slot it needs room from (``emit``)."""
     answers = answers if answers is not None else ctx.answers
-    gaps, _L, _over = select_gaps(
-        ctx, budget, settings.select_distance, settings.select_num, settings.prefetch_distance,
-        settings.release_distance, answers, cut_windows, settings.evict,
-    )
+
+    def select(answers: Answers) -> tuple[list[Gap], int | None]:
+        gaps, _L, over = select_gaps(
+            ctx, budget, settings.select_distance, settings.select_num, settings.prefetch_distance,
+            settings.release_distance, answers, cut_windows, settings.evict,
+        )
+        return gaps, over
+
+    gaps, over = select(answers)
+    if over is not None and answers.recompute and answers.offload:
+        # A re-run holds its producer's inputs on HBM, and so bars their gaps; the sweep takes one for an early op
+        # and may then find a later op over the budget with the gap that would have fixed it barred (found by
+        # HO_PLAN_FUZZ). Offloading alone never bars a gap: select again without re-runs, and keep that if it fits.
+        plain, plain_over = select(replace(answers, recompute=False))
+        if plain_over is None:
+            gaps, over = plain, None
+        else:
+            gaps, over = select(answers)
     # Resolve the copies, count, place; placing may give gaps up, and a gap given up may have held the remote
     # copy a later gap of its tensor relied on, so resolve and place again until no gap is given up (deciding
     # again only for those tensors when other tensors' copies cannot change theirs: ``room_never_binds``).
@@ -814,10 +852,12 @@ def build_plan(ctx: Context, settings: Settings, budget: int, name: str = "greed
                 f"{format_bytes_exact(budget)}: {why}"
             )
         else:
+            # Greedy's own limit, not a proof: the floor (``hbm_floor``) is what no plan can go below.
+            why = ("greedy found nothing more to take off HBM there: the remote tiers' room, the gaps of this "
+                   "order and the re-runs it chose leave none")
             notes.append(
                 f"op {op.name!r}: at least {format_bytes_exact(int(L[worst]))} must stay on HBM, over the budget of "
-                f"{format_bytes_exact(budget)}, "
-                "because the remote tiers have no room for the rest"
+                f"{format_bytes_exact(budget)}: {why}"
             )
     plan = emit(ctx, gaps, name, L if early_fetches else None, budget)
     plan = replace(plan, placement=plan_placement(ctx.graph, {**ctx.unused_remote, **ctx.wrapped}))

@@ -39,11 +39,13 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from functools import cached_property
 
 import numpy as np
 
+from planner.bounds import initial_hbm_bytes
 from planner.cost import op_durations_ns, transfer_duration_ns
 from planner.graph import AUTO, Graph, TensorKind
 from planner.hardware import HBM, Hardware
@@ -606,6 +608,28 @@ def cover_all(L: np.ndarray, lo: np.ndarray, hi: np.ndarray, nbytes: np.ndarray)
     L += np.cumsum(d[:-1])
 
 
+def start_on_remote(ctx: Context, budget: int, take: Callable[[Gap], list[Gap]]) -> list[Gap]:
+    """Free tensors (home ``auto``) start remote, the last used first, while what starts on HBM is over ``budget``;
+    return the gaps taken (both parts of each wrap-around gap). After the selection, which rarely leaves it over.
+
+    The count is per op, and at time 0, before the first op, everything that starts on HBM is held: what is
+    pinned there and still needed (no Store has ended yet to let it go) and the free tensors that start there. The
+    count at op 0 does not see it, since there a pinned tensor may already be gone (found by ``HO_PLAN_FUZZ``: a
+    2 B unread weight pinned to HBM and a 1 B free weight in a 2 B budget). ``take`` selects a wrap-around gap."""
+    g = ctx.graph
+    heads = [gap for gap in ctx.gaps if gap.wrap and gap.pre_absent and not gap.selected]
+    held = initial_hbm_bytes(g) + sum(gap.bytes for gap in heads)
+    taken: list[Gap] = []
+    for gap in sorted(heads, key=lambda gap: (-gap.u, -gap.bytes, gap.tensor)):
+        if held <= budget:
+            break
+        parts = take(gap)
+        if parts:
+            held -= gap.bytes
+            taken += parts
+    return taken
+
+
 def select_gaps(
     ctx: Context, budget: int, select_distance: int, select_num: int, prefetch_distance: int, release_distance: int,
     answers: Answers | None = None, cut_windows: bool = True, evict: str = EVICT_RULES[0],
@@ -795,6 +819,10 @@ def select_gaps(
     cover_all(L, tab.lo[sel], tab.u[sel], tab.nbytes[sel])
     if over is not None:
         over = sweep(L, widest, (ctx.table.lo, ctx.table.u))
+    if answers.offload:
+        late = start_on_remote(ctx, budget, take)
+        cover_all(L, np.array([p.lo for p in late], dtype=np.int64), np.array([p.u for p in late], dtype=np.int64),
+                  np.array([p.bytes for p in late], dtype=np.int64))
     return [gap for gap in ctx.gaps if gap.selected], L, over
 
 

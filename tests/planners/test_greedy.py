@@ -641,3 +641,56 @@ def test_a_remote_weights_copy_held_to_the_steps_end_is_dropped_to_make_room_the
     tl = simulate(g, hw, plan)
     assert tl.valid, [v.describe() for v in tl.violations]
     assert not [s for s in plan.steps if s.kind is StepKind.STORE and s.target == "h"]
+
+
+def test_a_remote_weight_stored_back_after_its_update_is_dropped_to_make_room_at_the_end():
+    # A 1 B HBM weight the op reads, a 1 B host weight it updates in place and a 1 B HBM weight nothing reads, in a
+    # 2 B budget: the unread weight leaves so that the op fits. Greedy stores the updated weight back to the host
+    # after the op but held its copy to the end, beside the unread weight coming back (3 B). Once that Store ends,
+    # a Detach makes room, and the Prefetch that brings the unread weight back waits for it (found by HO_PLAN_FUZZ).
+    tensors = [Tensor("read", 1, TensorKind.WEIGHT), Tensor("h", 1, TensorKind.WEIGHT, home="host"),
+               Tensor("unread", 1, TensorKind.WEIGHT)]
+    g = Graph.build("end_update", tensors, [Op("op0", "F", ("read",), (), updates=("h",), duration_s=1e-6)])
+    hw = simple_hardware(hbm=2)
+    plan = plan_greedy(g, hw)
+    tl = simulate(g, hw, plan)
+    assert tl.valid and plan.status == "feasible", [v.describe() for v in tl.violations]
+    store = max(i for i, s in enumerate(plan.steps) if s.kind is StepKind.STORE and s.target == "h")
+    drop = next(i for i, s in enumerate(plan.steps) if s.kind is StepKind.DETACH and s.target == "h")
+    back = next(s for s in plan.steps if s.kind is StepKind.PREFETCH and s.target == "unread")
+    assert store in plan.steps[drop].waits and drop in back.waits
+
+
+def test_free_tensors_start_remote_when_what_starts_on_hbm_is_over_the_budget():
+    # A 2 B weight pinned to HBM that nothing reads and a 1 B free weight the op reads, in a 2 B budget. The count at
+    # op 0 has the pinned weight gone, but at time 0 it is still there (its Store has not ended), beside the free
+    # weight if that starts on HBM (3 B). So the free weight starts on the host and is fetched once room is made,
+    # and is dropped after its use to make room for the pinned weight coming back (found by HO_PLAN_FUZZ).
+    tensors = [Tensor("free", 1, TensorKind.WEIGHT, home="auto"), Tensor("pinned", 2, TensorKind.WEIGHT),
+               Tensor("a", 1)]
+    g = Graph.build("start_room", tensors, [Op("op0", "F", ("free",), ("a",), duration_s=1e-6)])
+    hw = simple_hardware(hbm=2)
+    plan = plan_greedy(g, hw)
+    tl = simulate(g, hw, plan)
+    assert tl.valid and plan.status == "feasible", [v.describe() for v in tl.violations]
+    assert plan.placement["free"] == "host"
+
+
+def test_an_output_stored_after_its_last_write_is_dropped_to_make_room_at_the_end():
+    # A 2 B output is stored, dropped and fetched back for its last read; a 3 B weight pinned to HBM and updated in
+    # place is stored, dropped, fetched back for its last update, then dropped again and fetched back at the end.
+    # The output's copy was held to the end beside it (5 B in 4 B); its Store came after its last write, so a
+    # Detach makes room (found by HO_PLAN_FUZZ; budgets of a few bytes make such 8-op corners).
+    tensors = [Tensor("x", 1, TensorKind.INPUT), Tensor("unread", 1, TensorKind.INPUT),
+               Tensor("w", 3, TensorKind.WEIGHT), Tensor("t0", 1), Tensor("out", 2, TensorKind.OUTPUT)]
+    ops = [Op("op0", "F", ("x",), ("t0", "out"), duration_s=1e-6)]
+    for i in range(1, 6):
+        tensors.append(Tensor(f"t{i}", 1))
+        ops.append(Op(f"op{i}", "F", ("out",) if i == 2 else ("x",), (f"t{i}",), duration_s=1e-6))
+    ops += [Op("op6", "F", ("x",), (), updates=("w",), duration_s=1e-6),
+            Op("op7", "F", ("t0",), (), updates=("w",), duration_s=1e-6)]
+    g = Graph.build("end_output", tensors, ops)
+    hw = simple_hardware(hbm=4)
+    plan = plan_greedy(g, hw, select_distance=0, select_num=0, prefetch_distance=0, release_distance=1)
+    tl = simulate(g, hw, plan)
+    assert tl.valid and plan.status == "feasible", [v.describe() for v in tl.violations]

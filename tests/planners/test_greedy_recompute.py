@@ -241,3 +241,22 @@ def test_optimizer_states_are_not_offloaded_behind_the_passes_that_fill_hbm():
     assert out.timeline.valid and simulate(g_off, hw, out.plan).valid
     assert not any(s.kind == StepKind.RECOMPUTE for s in out.plan.steps)
     assert out.timeline.metrics.makespan_ns <= baseline.metrics.makespan_ns
+
+
+def test_a_rerun_that_bars_a_later_gap_gives_way_to_offloading():
+    # In greedy's order, op2 is over the 4 B budget and the sweep re-runs op3 for it (t3's gap), which holds op3's
+    # input t0_1 on HBM; op6 then needs t0_1's gap after its last use, which the re-run bars. Greedy selects again
+    # without re-runs when that leaves an op over, and keeps that selection when it fits (found by HO_PLAN_FUZZ).
+    A = TensorKind.ACTIVATION
+    tensors = [Tensor("x", 1, TensorKind.INPUT), Tensor("unread", 1, TensorKind.INPUT),
+               Tensor("w", 1, TensorKind.WEIGHT), Tensor("t0_0", 1, A), Tensor("t0_1", 1, TensorKind.OUTPUT),
+               Tensor("t2_0", 2, A), Tensor("t6_0", 3, A)]
+    tensors += [Tensor(f"t{i}_0", 1, A) for i in (1, 3, 4, 5, 7, 8)]
+    reads = {0: "x", 1: "x", 2: "t0_1", 3: "t0_1", 4: "x", 5: "x", 6: "t3_0", 7: "x", 8: "x"}
+    ops = [Op(f"op{i}", "F", (reads[i],), ("t0_0", "t0_1") if i == 0 else (f"t{i}_0",), duration_s=1e-6)
+           for i in range(9)]
+    g = Graph.build("rerun_bars", tensors, ops)
+    hw = simple_hardware(hbm=4)
+    plan = plan_greedy(g, hw, select_distance=0, select_num=0, prefetch_distance=2)
+    tl = simulate(g, hw, plan)
+    assert tl.valid and plan.status == "feasible", ([v.describe() for v in tl.violations], plan.notes)
