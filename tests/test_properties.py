@@ -82,7 +82,7 @@ def budgeted(hw: Hardware, budget: int) -> Hardware:
 
 
 # A longer campaign than CI's: HO_PLAN_FUZZ=N runs every property test on N fresh random examples instead of its
-# fixed few (docs/testing.md). Two bugs that the fixed examples missed were found that way.
+# fixed few (docs/testing.md). Bugs that the fixed examples missed were found that way.
 FUZZ_EXAMPLES = int(os.environ.get("HO_PLAN_FUZZ") or 0)
 
 
@@ -180,6 +180,20 @@ def test_greedy_settings_never_break_validity(g, select_distance, select_num, pr
     hw = budgeted(hw, max(lws, initial_hbm_bytes(g), int(no_offload_peak(g, hw) * 0.6)))
     plan = plan_greedy(g, hw, select_distance=select_distance, select_num=select_num,
                        prefetch_distance=prefetch_distance, release_distance=release_distance)
+    tl = simulate(g, hw, plan)
+    assert tl.valid and plan.status == "feasible", ([v.describe() for v in tl.violations[:5]], plan.notes)
+
+
+@PROPERTY
+@given(graphs(remote_tiers=("host", "pool")), st.sampled_from(["stall", "belady"]),
+       st.sampled_from(["auto", "lowest-peak", "store-release", "sources-first", "graph", "sampled-3", "deferred-4"]),
+       st.booleans(), st.booleans(), st.floats(0.3, 1.0))
+def test_greedy_options_never_break_validity(g, evict, order, recompute, offsets, fraction):
+    # Every order, eviction rule and answer a user can pass, at any budget down to the floor.
+    hw = with_pool(simple_hardware())
+    lws, _ = largest_working_set(g)
+    hw = budgeted(hw, max(lws, initial_hbm_bytes(g), int(no_offload_peak(g, hw) * fraction)))
+    plan = plan_greedy(g, hw, evict=evict, order=order, recompute=recompute, offsets=offsets)
     tl = simulate(g, hw, plan)
     assert tl.valid and plan.status == "feasible", ([v.describe() for v in tl.violations[:5]], plan.notes)
 

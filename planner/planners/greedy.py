@@ -704,11 +704,12 @@ def with_room_at_the_end(ctx: Context, plan: Plan, timeline: Timeline) -> Plan |
     for those Detaches. Only for a plan whose every violation is a capacity one after the last op ends."""
     steps = plan.steps
     ops = [i for i, s in enumerate(steps) if s.kind in (StepKind.COMPUTE, StepKind.RECOMPUTE)]
-    if not ops or not ctx.tiers:
+    # A program the executor rejects outright has no timed steps.
+    if not ops or not ctx.tiers or any(v.kind != "capacity" for v in timeline.violations):
         return None
     last = ops[-1]
     last_end = timeline.steps[last].end_ns
-    if any(v.kind != "capacity" or v.time_ns < last_end for v in timeline.violations):
+    if any(v.time_ns < last_end for v in timeline.violations):
         return None
     g = ctx.graph
     held = [r for r in timeline.residencies if r.tier == HBM and r.until_end]

@@ -152,9 +152,10 @@ def _rerun(graph: Graph, phases: dict[str, int]) -> list[Op]:
     deferred ops read themselves (a layer's output whose input a collective wrote in place). A re-run that would
     hold anything else longer is not made, and what it would make is kept instead.
 
-    A re-run may not make what an op writes in place (the copy would miss the write), nor read what the first
-    release writes in place after it (it would have to run before that, which holds its outputs across the first
-    release)."""
+    A re-run may not make what an op writes in place (the copy would miss the write), nor what outlives the step
+    (it is kept to the end anyway, and the plan mapped back dropped it after its last read before the re-run:
+    found by fuzzing, an output of a 7-op graph), nor read what the first release writes in place after it (it
+    would have to run before that, which holds its outputs across the first release)."""
     dag = graph.dag
     writers: dict[str, list[str]] = {}
     for op in graph.ops:
@@ -163,6 +164,7 @@ def _rerun(graph: Graph, phases: dict[str, int]) -> list[Op]:
 
     def may_rerun(op: Op) -> bool:
         return (phases[op.name] <= 1 and op.recomputable and not any(t in writers for t in op.outputs)
+                and not any(graph.tensors[t].persistent for t in op.outputs)
                 and not any(phases[w] <= 1 and dag.has_edge(op.name, w) for t in op.inputs for w in writers.get(t, ())))
 
     producer = graph.producer

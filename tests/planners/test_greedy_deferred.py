@@ -144,3 +144,23 @@ def test_the_order_option_takes_deferred_k_from_0_to_7(value, ok):
     else:
         with pytest.raises(InputError, match="deferred-K \\(K from 0 to 7\\)"):
             api.check_options(plan_greedy, "greedy", {"order": value})
+
+
+def test_what_outlives_the_step_is_never_made_again_by_a_rerun():
+    # op0 makes an output that op6, after the deferral, reads. Re-running op0 made a second copy of a tensor that is
+    # kept to the end anyway, and the plan mapped back dropped the original after op0 before storing it: the
+    # executor rejected it (store and detach of a tensor not on HBM; found by fuzzing greedy's options).
+    W, A = TensorKind.WEIGHT, TensorKind.ACTIVATION
+    tensors = [Tensor("w", 1, W, home="host"), Tensor("x", 1, TensorKind.INPUT), Tensor("unread", 1, TensorKind.INPUT),
+               Tensor("v", 1, W), Tensor("out", 1, TensorKind.OUTPUT)] + [Tensor(f"a{i}", 1, A) for i in (1, 3, 4, 5)]
+    ops = ([Op("op0", "F", ("x",), ("out",), duration_s=1e-6), Op("op1", "F", ("w",), ("a1",), duration_s=1e-6),
+            Op("op2", "F", ("x",), (), updates=("w",), duration_s=1e-6)]
+           + [Op(f"op{i}", "F", ("w",), (f"a{i}",), duration_s=1e-6) for i in (3, 4, 5)]
+           + [Op("op6", "F", ("x", "out"), (), updates=("w",), duration_s=1e-6)])
+    g = Graph.build("persistent_rerun", tensors, ops)
+    d = deferral(g, 4)
+    assert d is None or "op0" not in d.copy_of.values()
+    hw = simple_hardware(hbm=6)
+    plan = plan_greedy(g, hw, order="deferred-4", recompute=False, offsets=False)
+    tl = simulate(g, hw, plan)
+    assert tl.valid and plan.status == "feasible", ([v.describe() for v in tl.violations], plan.notes)
