@@ -256,6 +256,10 @@ class _Runtime:
         graph, mem, placement = self.graph, self.mem, self.placement
         n = len(self.order)
         on_hbm = {t for t, tier in placement.items() if tier == HBM and graph.tensors[t].persistent}
+        # The Detaches made here so far and the bytes they freed: a later fetch whose room they made waits for
+        # them too (once, a fetch counted on an eviction made for the fetch before it and ran beside it).
+        pending: list[int] = []
+        pending_bytes = 0
         for name in sorted(placement, key=lambda t: (placement[t] == HBM, t)):
             tier = placement[name]
             if not graph.tensors[name].persistent or tier in mem.valid_remote[name] or (
@@ -264,11 +268,15 @@ class _Runtime:
             base = self._after_compute()
             frees: list[int] = []
             if name not in mem.resident:
+                used = mem.used
                 if not self.make_room(self.size(name), on_hbm, n, frees):
                     self.status = PlanStatus.INFEASIBLE
                     self.notes.append(f"tensor {name!r}: no room on HBM to bring it back before the step ends")
                     continue
-                self.fetch(name, base + frees)
+                room_was_there = used + pending_bytes + self.size(name) <= mem.budget
+                self.fetch(name, base + frees + ([] if room_was_there else pending))
+                pending += frees
+                pending_bytes += used - (mem.used - self.size(name))
             if tier != HBM:
                 waits = base + ([mem.touch_step[name]] if name in mem.touch_step else [])
                 mem.store_step[name] = self.pb.store(name, self.hw.store_link(tier).name, waits=waits)

@@ -132,3 +132,19 @@ def test_reactive_fetches_wait_for_the_drops_of_the_start():
     assert drop in fetch.waits
     tl = simulate(g, hw, plan)
     assert plan.status == "feasible" and tl.valid, [v.describe() for v in tl.violations]
+
+
+def test_reactive_fetches_at_the_end_wait_for_the_evictions_they_count_on():
+    # Three 1 B weights on HBM, a 2 B output, a 3 B budget: two weights leave so that the op fits, and come back at
+    # the end. Bringing back the first evicts the output, which makes room for both; the second's fetch once ran
+    # beside that eviction (4 B held; found by fuzzing reactive).
+    from test_properties import budgeted, with_pool
+
+    W = TensorKind.WEIGHT
+    g = Graph.build("end_fetches", [Tensor("p0", 1, W), Tensor("p1", 1, W), Tensor("p2", 1, W),
+                                    Tensor("out", 2, TensorKind.OUTPUT)], [Op("op0", "F", ("p0",), ("out",),
+                                                                              duration_s=1e-6)])
+    hw = budgeted(with_pool(simple_hardware()), 3)
+    plan = plan_reactive(g, hw)
+    tl = simulate(g, hw, plan)
+    assert plan.status == "feasible" and tl.valid, [v.describe() for v in tl.violations]
