@@ -799,7 +799,7 @@ def build_plan(ctx: Context, settings: Settings, budget: int, name: str = "greed
         plain, plain_over = select(replace(answers, recompute=False))
         if plain_over is None:
             gaps, over = plain, None
-        else:
+        else:  # the gaps' flags are the selection's state: selecting again restores the first one (only here)
             gaps, over = select(answers)
     # Resolve the copies, count, place; placing may give gaps up, and a gap given up may have held the remote
     # copy a later gap of its tensor relied on, so resolve and place again until no gap is given up (deciding
