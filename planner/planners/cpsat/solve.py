@@ -337,9 +337,12 @@ def _prove_small(run: Run, plan: Plan, tl: Timeline) -> tuple[Plan, Timeline]:
         return plan, tl
     run.record.exact_optimum_us = st["optimum_ns"] / 1000
     found_tl = simulate(run.graph, run.hw, found)
-    if found_tl.valid and found_tl.metrics.makespan_ns < tl.metrics.makespan_ns:
+    # An invalid plan (a start that does not fit, returned when the search found nothing) may look faster.
+    if found_tl.valid and (not tl.valid or found_tl.metrics.makespan_ns < tl.metrics.makespan_ns):
         plan, tl = found, found_tl
         run.record.returned = "exact"
+    if not tl.valid:
+        return plan, tl
     above = tl.metrics.makespan_ns - st["optimum_ns"]
     run.notes.append("proven optimal over every order by the exact search" if above <= 0 else
                      f"the exact search over every order proves the optimum is {st['optimum_ns']} ns: this plan runs "
@@ -816,7 +819,12 @@ def _optimise(run: Run, base: Plan, base_tl: Timeline, objective: str, makespan_
             p.horizon = serial
             canonical(p, asg)
     limit_ticks = None
-    if objective == "peak":
+    if objective == "peak" and makespan_limit_us is None and (problems or not base_tl.valid):
+        # An invalid start's makespan is no limit any plan within the budget need meet (a plan that fits moves
+        # more): found by fuzzing, a 1-op graph whose no-offload start made the model infeasible.
+        run.notes.append(f"the starting plan ({base.planner}) does not fit, so its makespan is no limit: the lowest "
+                         "peak at any makespan within the horizon")
+    elif objective == "peak":
         ms = makespan_limit_us * 1000 if makespan_limit_us is not None else base_tl.metrics.makespan_ns
         limit_ticks = max(asg.makespan, -(-int(ms) // p.scale.tick_ns)) if makespan_limit_us is None \
             else int(ms // p.scale.tick_ns)

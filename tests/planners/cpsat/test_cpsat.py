@@ -399,6 +399,37 @@ def test_peak_objective_lowers_the_peak_within_the_makespan_limit():
     assert tl.metrics.peak_bytes[HBM] <= greedy.metrics.peak_bytes[HBM]
 
 
+def test_peak_objective_from_a_start_that_does_not_fit_takes_no_makespan_limit_from_it():
+    # No offload holds 4 B in a 2 B budget and runs in 1000 ns; every plan that fits stores the unused weight and
+    # takes longer. Its makespan as the limit made the model infeasible (found by fuzzing cpsat's options).
+    from planner.graph import Op, Tensor, TensorKind
+
+    g = Graph.build("peak_start", [Tensor("x", 1, TensorKind.INPUT), Tensor("unread", 1, TensorKind.INPUT),
+                                   Tensor("w", 1, TensorKind.WEIGHT), Tensor("a", 1)],
+                    [Op("op0", "F", ("x",), ("a",), duration_s=1e-6)])
+    hw = simple_hardware(hbm=2)
+    plan = plan_cpsat(g, hw, time_limit=3, objective="peak", start="none", recompute=False)
+    tl = simulate(g, hw, plan)
+    assert plan.status == "feasible" and tl.valid, plan.notes
+    assert any("its makespan is no limit" in n for n in plan.notes)
+
+
+def test_the_exact_plan_replaces_a_start_that_does_not_fit_when_the_search_found_nothing():
+    # The windowed search needs a feasible incumbent; from no offload (4 B in 2 B) it found none and kept the start,
+    # whose makespan the exact search's valid plan did not beat, and the note then called that start proven optimal
+    # (found by fuzzing cpsat's options).
+    from planner.graph import Op, Tensor, TensorKind
+
+    inp = TensorKind.INPUT
+    g = Graph.build("exact_rescue", [Tensor("x", 1, inp), Tensor("u1", 1, inp), Tensor("u2", 1, inp), Tensor("a", 1),
+                                     Tensor("b", 1)],
+                    [Op("op0", "F", ("x",), ("a",), duration_s=1e-6), Op("op1", "F", ("x",), ("b",), duration_s=1e-6)])
+    hw = simple_hardware(hbm=2)
+    plan = plan_cpsat(g, hw, time_limit=3, whole_max_ops=1, start="none", recompute=False)
+    tl = simulate(g, hw, plan)
+    assert tl.valid and plan.status in ("feasible", "optimal"), plan.notes
+
+
 def test_cli_cpsat_options_and_their_errors(tmp_path):
     from click.testing import CliRunner
 
