@@ -402,6 +402,10 @@ def starting_plans(run: Run, start: str = "auto") -> tuple[tuple[Plan, Timeline]
     # Reactive offloads as a runtime would: not a start for a remat-only run.
     names = [n for n in ("greedy", "reactive", "none") if run.offload or n != "reactive"] if start == "auto" \
         else [start]
+    # An explicit start that does not fit leaves the search no valid incumbent to improve (the windows keep what
+    # fits): greedy's plan is then the fallback start.
+    if start not in ("auto", "greedy"):
+        names.append("greedy")
     greedy_s = None
     # The orders greedy planned (the one its defaults did best on first) and its seconds on each.
     greedy_ctxs: list[tuple[Context, float]] = []
@@ -411,6 +415,11 @@ def starting_plans(run: Run, start: str = "auto") -> tuple[tuple[Plan, Timeline]
         fn = STARTING_PLANNERS.get(name)
         if fn is None:
             continue
+        if name == "greedy" and start not in ("auto", "greedy"):
+            if any(tl.valid for _p, tl in cands):
+                break
+            run.notes.append(f"the {start} start does not fit the budget; the search starts from greedy's plan, "
+                             "since it improves only a plan that fits")
         t = time.monotonic()
         if name != "greedy" and cands and any(tl.valid for _p, tl in cands):
             if name == "none" and _none_over_budget(g, hw):

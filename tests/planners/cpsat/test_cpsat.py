@@ -399,9 +399,18 @@ def test_peak_objective_lowers_the_peak_within_the_makespan_limit():
     assert tl.metrics.peak_bytes[HBM] <= greedy.metrics.peak_bytes[HBM]
 
 
-def test_peak_objective_from_a_start_that_does_not_fit_takes_no_makespan_limit_from_it():
+def _no_greedy_fallback(monkeypatch):
+    """Greedy fails, so that a start that does not fit is what the search starts from."""
+    def fail(*_a, **_k):
+        raise RuntimeError("no greedy here")
+
+    monkeypatch.setattr(solve, "planned_with_context", fail)
+
+
+def test_peak_objective_from_a_start_that_does_not_fit_takes_no_makespan_limit_from_it(monkeypatch):
     # No offload holds 4 B in a 2 B budget and runs in 1000 ns; every plan that fits stores the unused weight and
     # takes longer. Its makespan as the limit made the model infeasible (found by fuzzing cpsat's options).
+    _no_greedy_fallback(monkeypatch)
     from planner.graph import Op, Tensor, TensorKind
 
     g = Graph.build("peak_start", [Tensor("x", 1, TensorKind.INPUT), Tensor("unread", 1, TensorKind.INPUT),
@@ -414,10 +423,11 @@ def test_peak_objective_from_a_start_that_does_not_fit_takes_no_makespan_limit_f
     assert any("its makespan is no limit" in n for n in plan.notes)
 
 
-def test_the_exact_plan_replaces_a_start_that_does_not_fit_when_the_search_found_nothing():
+def test_the_exact_plan_replaces_a_start_that_does_not_fit_when_the_search_found_nothing(monkeypatch):
     # The windowed search needs a feasible incumbent; from no offload (4 B in 2 B) it found none and kept the start,
     # whose makespan the exact search's valid plan did not beat, and the note then called that start proven optimal
     # (found by fuzzing cpsat's options).
+    _no_greedy_fallback(monkeypatch)
     from planner.graph import Op, Tensor, TensorKind
 
     inp = TensorKind.INPUT
@@ -428,6 +438,17 @@ def test_the_exact_plan_replaces_a_start_that_does_not_fit_when_the_search_found
     plan = plan_cpsat(g, hw, time_limit=3, whole_max_ops=1, start="none", recompute=False)
     tl = simulate(g, hw, plan)
     assert tl.valid and plan.status in ("feasible", "optimal"), plan.notes
+
+
+def test_an_explicit_start_that_does_not_fit_gives_way_to_greedy_as_the_incumbent():
+    # Above the exact search's 12 ops and with windows only, the search improves only a plan that fits: from no
+    # offload (340 B in 230 B) it returned an infeasible plan though greedy fits (found by fuzzing cpsat's options).
+    g = chain_graph(sizes=(100,) * 14, durations_us=(1.0,) * 14, weight_home="host")
+    hw = simple_hardware(hbm=230)
+    plan = plan_cpsat(g, hw, time_limit=3, whole_max_ops=1, start="none", recompute=False)
+    tl = simulate(g, hw, plan)
+    assert tl.valid and plan.status == "feasible", plan.notes
+    assert any("the none start does not fit the budget" in n for n in plan.notes)
 
 
 def test_cli_cpsat_options_and_their_errors(tmp_path):
