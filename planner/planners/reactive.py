@@ -48,8 +48,7 @@ def reactive_placement(graph: Graph, hw: Hardware, order: list[str]) -> Placemen
     for n, t in graph.tensors.items():
         if n not in graph.producer and t.pinned and t.home in remote_room:
             remote_room[t.home] -= t.bytes
-    tiers = sorted(remote_room, key=lambda n: (1 / hw.store_link(n).bandwidth_Bps + 1 / hw.fetch_link(n).bandwidth_Bps,
-                                               n))
+    tiers = sorted(remote_room, key=hw.round_trip_key)
     choice: Placement = {}
     for name in sorted(graph.free_tensors, key=lambda n: (first.get(n, len(order)), n)):
         size = graph.tensors[name].bytes
@@ -120,10 +119,7 @@ class _Runtime:
                 self.uses[t].append(i)
         self.last_use = {t: max(u + [pos[graph.producer[t]]] if t in graph.producer else u, default=-1)
                          for t, u in self.uses.items()}
-        self.tiers_by_speed = sorted(
-            (t.name for t in hw.remote_tiers),
-            key=lambda n: (1 / hw.store_link(n).bandwidth_Bps + 1 / hw.fetch_link(n).bandwidth_Bps, n),
-        )
+        self.tiers_by_speed = sorted((t.name for t in hw.remote_tiers), key=hw.round_trip_key)
         self.mem = _Memory(budget=hw.hbm_bytes, remote_used={t.name: 0 for t in hw.remote_tiers})
         self.pb = ProgramBuilder()
         self.clock = 0

@@ -148,3 +148,23 @@ def test_reactive_fetches_at_the_end_wait_for_the_evictions_they_count_on():
     plan = plan_reactive(g, hw)
     tl = simulate(g, hw, plan)
     assert plan.status == "feasible" and tl.valid, [v.describe() for v in tl.violations]
+
+
+def test_reactive_uses_the_tier_of_the_quicker_round_trip_when_bandwidths_tie():
+    # Reactive ranked tiers by bandwidth, then by name, unlike greedy and cpsat (Hardware.round_trip_key): between
+    # two tiers of one bandwidth it chose by name, not by latency, both where tensors start and where it evicts to.
+    from conftest import fwd_bwd
+
+    from planner.hardware import HBM, Hardware, Link, Tier
+
+    lat = {"aaa": 1e-6, "zzz": 0.0}
+    links = tuple(ln for t in lat for ln in (Link(f"d2{t}", HBM, t, 1e9, lat[t]), Link(f"{t}2d", t, HBM, 1e9, lat[t])))
+    chain = chain_graph(sizes=(100,) * 6, durations_us=(1.0,) * 6, weight_home="host")
+    starts_remote = Graph.build(chain.name, [Tensor(t.name, t.bytes, t.kind, home="auto" if t.home == "host"
+                                                    else t.home) for t in chain.tensors.values()], list(chain.ops))
+    for g, hbm, used in ((starts_remote, 230, {"zzz2d"}), (fwd_bwd(), 300, {"zzz2d", "d2zzz"})):
+        hw = Hardware(name="tie", tiers=(Tier(HBM, hbm), Tier("aaa", 10**9), Tier("zzz", 10**9)), links=links,
+                      peak_flops=1e9, hbm_bandwidth_Bps=1e12, launch_overhead_s=0.0)
+        plan = plan_reactive(g, hw)
+        assert simulate(g, hw, plan).valid
+        assert {s.stream for s in plan.steps if s.stream != "compute"} == used
