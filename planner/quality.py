@@ -165,10 +165,11 @@ def _proven_every_plan(st: dict) -> bool:
 
 def _proven_in_model(st: dict) -> bool:
     """CP-SAT proved its model's optimum, and the plan returned is that solution (not the start it did not beat,
-    nor a slower solution taken for its static offsets, nor one with evictions added for the caching allocator)
+    nor a slower solution taken for its static offsets, nor one with evictions added for the caching allocator or
+    its Stores moved after the search)
     and runs no slower than the model's optimum says."""
     if (not st.get("optimal") or st.get("returned", "cpsat") == "start" or st.get("slower_solution_placed")
-            or st.get("compaction_evictions")):
+            or st.get("compaction_evictions") or st.get("stores_earlier")):
         return False
     ms, objective = st.get("makespan_us"), st.get("objective_us")
     return ms is None or objective is None or ms <= objective + 1e-6
@@ -204,7 +205,7 @@ def proof(plan: Plan) -> Proof:
         if _proven_every_plan(cp):
             return Proof.OPTIMAL
         # A starting plan CP-SAT proved no faster solution than (in its model) is model-optimal too.
-        altered = cp.get("slower_solution_placed") or cp.get("compaction_evictions")
+        altered = cp.get("slower_solution_placed") or cp.get("compaction_evictions") or cp.get("stores_earlier")
         return Proof.MODEL_OPTIMAL if cp.get("optimal") and not altered else Proof.FEASIBLE
     return Proof.HEURISTIC
 

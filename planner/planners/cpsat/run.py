@@ -92,6 +92,8 @@ class SearchRecord:
     # CP-SAT's status in the repair solve (the best solution's static offsets did not fit: a solve at a capacity
     # lowered by what they needed beyond its peak), when one ran.
     offsets_repair: str | None = None
+    # Stores issued earlier in their links' queues after the search (planner/polish.py).
+    stores_earlier: int | None = None
     # The result.
     returned: str | None = None  # cpsat, start or exact
     exact_optimum_us: float | None = None

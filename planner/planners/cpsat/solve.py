@@ -28,7 +28,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from planner import bounds
+from planner import bounds, polish
 from planner.cost import op_durations_ns
 from planner.defrag import spare_compactions
 from planner.errors import InputError
@@ -248,7 +248,7 @@ def _plan(run: Run, log: bool, objective: str, makespan_limit_us: float | None, 
     if run.sampled_orders is not None:
         options["sampled_orders"] = run.sampled_orders
     run.report(phase="start plan")
-    (base, base_tl), (seed, seed_tl) = starting_plans(run, start)
+    (base, base_tl), (seed, seed_tl) = starting_plans(run, start, windows=len(graph.ops) > whole_max_ops)
     worker.python_sigint()  # the starting planners may have run CP-SAT here (static offsets): Ctrl-C is ours again
     run.record.start_planner = base.planner
     run.record.start_makespan_us = base_tl.metrics.makespan_ns / 1000
@@ -293,6 +293,8 @@ def _plan(run: Run, log: bool, objective: str, makespan_limit_us: float | None, 
         elif tl.valid:
             run.notes.append(f"cpsat found nothing better than its starting plan ({base.planner}); it returns that")
     run.record.returned = "start" if best_plan is base else "cpsat"
+    if objective == "makespan" and best_tl.valid and not run.interrupted:
+        best_plan, best_tl = _stores_earlier(run, best_plan, best_tl, base, base_tl)
     if objective == "makespan" and hw.hbm_bytes >= floor and not run.interrupted:
         best_plan, best_tl = _prove_small(run, best_plan, best_tl)
     run.record.runtime_s = round(run.elapsed, 3)
@@ -312,6 +314,33 @@ def _plan(run: Run, log: bool, objective: str, makespan_limit_us: float | None, 
     plan = replace(best_plan, planner="cpsat", options=options, notes=tuple(dict.fromkeys(notes)), stats=stats,
                    status=status)
     return Planned(plan, best_tl)
+
+
+def _stores_earlier(run: Run, plan: Plan, tl: Timeline, base: Plan, base_tl: Timeline) -> tuple[Plan, Timeline]:
+    """The best plan with its Stores issued earlier where the executor finds that faster (``planner/polish.py``),
+    and the starting plan so treated too when the search returns another: greedy-sweep returns its plan after the
+    same pass, and cpsat must not end slower than that. Returns the faster; the moves are in the record."""
+    # A pass costs up to MAX_RUNS executor runs (0.3 s on NSA-64k): it runs in the share of the limit kept for
+    # what follows the search, as the bound does, and stops at half of it.
+    cost = polish.MAX_RUNS * run.estimated_sim_s()
+    headroom = RESERVE * run.limit_s
+    best = plan, tl
+    for cand, cand_tl in [(plan, tl)] + ([(base, base_tl)] if plan is not base and base_tl.valid else []):
+        if run.left() + headroom < cost:
+            run.clock_cut("Stores were not issued earlier: no time was left for that pass")
+            break
+        moved_plan, moved_tl, moved = polish.stores_earlier(run.graph, run.hw, cand, cand_tl,
+                                                            deadline=run.deadline + headroom / 2)
+        if run.left() + headroom / 2 < 0:
+            run.clock_cut()
+        if moved and _better(moved_tl, best[1], "makespan"):
+            best = moved_plan, moved_tl
+            run.record.stores_earlier = moved
+            run.record.returned = "start" if cand is base else run.record.returned
+    if best[0] is not plan:
+        run.notes.append(f"{run.record.stores_earlier} Store(s) issued earlier in their link's queue, each move "
+                         "checked by the executor")
+    return best
 
 
 def _prove_small(run: Run, plan: Plan, tl: Timeline) -> tuple[Plan, Timeline]:
@@ -388,9 +417,12 @@ def starting_plan(run: Run, start: str = "auto") -> tuple[Plan, Timeline]:
     return starting_plans(run, start)[0]
 
 
-def starting_plans(run: Run, start: str = "auto") -> tuple[tuple[Plan, Timeline], tuple[Plan, Timeline]]:
+def starting_plans(run: Run, start: str = "auto", windows: bool = False
+                   ) -> tuple[tuple[Plan, Timeline], tuple[Plan, Timeline]]:
     """(the best valid plan among greedy (swept when affordable), reactive and no offload, within the clock; the
     plan the search starts from: that one, or greedy's plan in an order with more room (``_search_start``)).
+    ``windows``: the search will be the window search, which improves only a plan that fits, so an explicit
+    ``start`` whose plan does not fit gives way to greedy's (the whole model finds plans from such a hint).
 
     Greedy comes first and is always run (it is the usual winner and the fallback); its replanning for static
     offsets stops where it would overrun the limit. Its sweep, reactive and no offload run only when
@@ -402,9 +434,9 @@ def starting_plans(run: Run, start: str = "auto") -> tuple[tuple[Plan, Timeline]
     # Reactive offloads as a runtime would: not a start for a remat-only run.
     names = [n for n in ("greedy", "reactive", "none") if run.offload or n != "reactive"] if start == "auto" \
         else [start]
-    # An explicit start that does not fit leaves the search no valid incumbent to improve (the windows keep what
-    # fits): greedy's plan is then the fallback start.
-    if start not in ("auto", "greedy"):
+    # An explicit start that does not fit leaves the window search no valid incumbent to improve (the windows keep
+    # what fits): greedy's plan is then the fallback start.
+    if windows and start not in ("auto", "greedy"):
         names.append("greedy")
     greedy_s = None
     # The orders greedy planned (the one its defaults did best on first) and its seconds on each.
@@ -415,7 +447,7 @@ def starting_plans(run: Run, start: str = "auto") -> tuple[tuple[Plan, Timeline]
         fn = STARTING_PLANNERS.get(name)
         if fn is None:
             continue
-        if name == "greedy" and start not in ("auto", "greedy"):
+        if name == "greedy" and windows and start not in ("auto", "greedy"):
             if any(tl.valid for _p, tl in cands):
                 break
             run.notes.append(f"the {start} start does not fit the budget; the search starts from greedy's plan, "
