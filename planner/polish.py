@@ -43,10 +43,8 @@ def stores_earlier(graph: Graph, hw: Hardware, plan: Plan, timeline: Timeline, m
     """Return (a plan at least as fast as ``plan``, its executor timeline, the number of Stores moved). ``timeline``
     is ``simulate(graph, hw, plan)``; an invalid plan is returned as it is. ``deadline`` (``time.monotonic()``)
     stops the search early, as a safety net only: ``max_runs`` bounds the work."""
-    if not timeline.valid:
-        return plan, timeline, 0
-    left = min(max_runs, MAX_STEPS_REPLAYED // max(1, len(plan.steps)))
-    if left < min(MIN_RUNS, max_runs):
+    left = runs_allowed(plan, max_runs)
+    if not timeline.valid or not left:
         return plan, timeline, 0
     moved = 0
     tried: set[tuple[str, int]] = set()
@@ -68,6 +66,12 @@ def stores_earlier(graph: Graph, hw: Hardware, plan: Plan, timeline: Timeline, m
         plan, timeline = found
         moved += 1
     return plan, timeline, moved
+
+
+def runs_allowed(plan: Plan, max_runs: int = MAX_RUNS) -> int:
+    """The executor runs a pass on ``plan`` may make: 0 where it is not worth one (a long program)."""
+    runs = min(max_runs, MAX_STEPS_REPLAYED // max(1, len(plan.steps)))
+    return runs if runs >= min(MIN_RUNS, max_runs) else 0
 
 
 def with_stores_earlier(graph: Graph, hw: Hardware, plan: Plan, timeline: Timeline | None = None,
@@ -121,4 +125,4 @@ def _moved(steps: Sequence[Step], i: int, to: int, after: int) -> tuple[Step, ..
     return tuple(out)
 
 
-__all__ = ["stores_earlier", "with_stores_earlier"]
+__all__ = ["runs_allowed", "stores_earlier", "with_stores_earlier"]

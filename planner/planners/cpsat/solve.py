@@ -320,19 +320,20 @@ def _stores_earlier(run: Run, plan: Plan, tl: Timeline, base: Plan, base_tl: Tim
     """The best plan with its Stores issued earlier where the executor finds that faster (``planner/polish.py``),
     and the starting plan so treated too when the search returns another: greedy-sweep returns its plan after the
     same pass, and cpsat must not end slower than that. Returns the faster; the moves are in the record."""
-    # A pass costs up to MAX_RUNS executor runs (0.3 s on NSA-64k): it runs in the share of the limit kept for
-    # what follows the search, as the bound does, and stops at half of it.
-    cost = polish.MAX_RUNS * run.estimated_sim_s()
-    headroom = RESERVE * run.limit_s
+    # A pass costs up to MAX_RUNS executor runs (0.3 s on NSA-64k, several seconds on 20,000 ops): it runs until
+    # half of the share of the limit kept for what follows the search (the bound needs about one run more), and a
+    # note says when the clock, not its run count, ended it.
+    deadline = run.deadline + RESERVE * run.limit_s / 2
     best = plan, tl
     for cand, cand_tl in [(plan, tl)] + ([(base, base_tl)] if plan is not base and base_tl.valid else []):
-        if run.left() + headroom < cost:
+        if not polish.runs_allowed(cand):
+            continue  # a program too long for the pass (the full-size graphs'): greedy-sweep skips it too
+        if time.monotonic() >= deadline:
             run.clock_cut("Stores were not issued earlier: no time was left for that pass")
             break
-        moved_plan, moved_tl, moved = polish.stores_earlier(run.graph, run.hw, cand, cand_tl,
-                                                            deadline=run.deadline + headroom / 2)
-        if run.left() + headroom / 2 < 0:
-            run.clock_cut()
+        moved_plan, moved_tl, moved = polish.stores_earlier(run.graph, run.hw, cand, cand_tl, deadline=deadline)
+        if time.monotonic() >= deadline:
+            run.clock_cut("the clock ended the pass that issues Stores earlier")
         if moved and _better(moved_tl, best[1], "makespan"):
             best = moved_plan, moved_tl
             run.record.stores_earlier = moved
