@@ -83,9 +83,13 @@ def with_stores_earlier(graph: Graph, hw: Hardware, plan: Plan, timeline: Timeli
     polished, tl, moved = stores_earlier(graph, hw, plan, timeline, deadline=deadline)
     if not moved:
         return plan, timeline
-    return replace(polished, stats=dict(polished.stats, stores_earlier=moved), notes=(
-        *polished.notes, f"{moved} Store(s) issued earlier in their link's queue, each move checked by the "
-                         "executor")), tl
+    return replace(polished, stats=dict(polished.stats, stores_earlier=moved),
+                   notes=(*polished.notes, moved_note(moved))), tl
+
+
+def moved_note(moved: int) -> str:
+    """The note of a plan whose pass moved ``moved`` Stores."""
+    return f"{moved} Store(s) issued earlier in their link's queue, each move checked by the executor"
 
 
 def _candidates(graph: Graph, steps: Sequence[Step], tried: set[tuple[str, int]]) -> list[tuple[int, int, int]]:
@@ -125,4 +129,4 @@ def _moved(steps: Sequence[Step], i: int, to: int, after: int) -> tuple[Step, ..
     return tuple(out)
 
 
-__all__ = ["runs_allowed", "stores_earlier", "with_stores_earlier"]
+__all__ = ["moved_note", "runs_allowed", "stores_earlier", "with_stores_earlier"]

@@ -163,13 +163,18 @@ def _proven_every_plan(st: dict) -> bool:
     return any(v is not None and ms <= v for v in floors)
 
 
+# Records of cpsat's (``stats["cpsat"]``) saying its plan is no longer the model's solution: a slower one taken for
+# its static offsets, evictions added for the caching allocator, Stores moved after the search.
+ALTERED_AFTER_SEARCH = ("slower_solution_placed", "compaction_evictions", "stores_earlier")
+
+
 def _proven_in_model(st: dict) -> bool:
     """CP-SAT proved its model's optimum, and the plan returned is that solution (not the start it did not beat,
     nor a slower solution taken for its static offsets, nor one with evictions added for the caching allocator or
     its Stores moved after the search)
     and runs no slower than the model's optimum says."""
-    if (not st.get("optimal") or st.get("returned", "cpsat") == "start" or st.get("slower_solution_placed")
-            or st.get("compaction_evictions") or st.get("stores_earlier")):
+    if (not st.get("optimal") or st.get("returned", "cpsat") == "start"
+            or any(st.get(k) for k in ALTERED_AFTER_SEARCH)):
         return False
     ms, objective = st.get("makespan_us"), st.get("objective_us")
     return ms is None or objective is None or ms <= objective + 1e-6
@@ -205,7 +210,7 @@ def proof(plan: Plan) -> Proof:
         if _proven_every_plan(cp):
             return Proof.OPTIMAL
         # A starting plan CP-SAT proved no faster solution than (in its model) is model-optimal too.
-        altered = cp.get("slower_solution_placed") or cp.get("compaction_evictions") or cp.get("stores_earlier")
+        altered = any(cp.get(k) for k in ALTERED_AFTER_SEARCH)
         return Proof.MODEL_OPTIMAL if cp.get("optimal") and not altered else Proof.FEASIBLE
     return Proof.HEURISTIC
 

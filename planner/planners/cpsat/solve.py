@@ -339,8 +339,7 @@ def _stores_earlier(run: Run, plan: Plan, tl: Timeline, base: Plan, base_tl: Tim
             run.record.stores_earlier = moved
             run.record.returned = "start" if cand is base else run.record.returned
     if best[0] is not plan:
-        run.notes.append(f"{run.record.stores_earlier} Store(s) issued earlier in their link's queue, each move "
-                         "checked by the executor")
+        run.notes.append(polish.moved_note(run.record.stores_earlier))
     return best
 
 
@@ -437,7 +436,8 @@ def starting_plans(run: Run, start: str = "auto", windows: bool = False
         else [start]
     # An explicit start that does not fit leaves the window search no valid incumbent to improve (the windows keep
     # what fits): greedy's plan is then the fallback start.
-    if windows and start not in ("auto", "greedy"):
+    fallback = windows and start not in ("auto", "greedy")
+    if fallback:
         names.append("greedy")
     greedy_s = None
     # The orders greedy planned (the one its defaults did best on first) and its seconds on each.
@@ -448,7 +448,7 @@ def starting_plans(run: Run, start: str = "auto", windows: bool = False
         fn = STARTING_PLANNERS.get(name)
         if fn is None:
             continue
-        if name == "greedy" and windows and start not in ("auto", "greedy"):
+        if name == "greedy" and fallback:
             if any(tl.valid for _p, tl in cands):
                 break
             run.notes.append(f"the {start} start does not fit the budget; the search starts from greedy's plan, "
