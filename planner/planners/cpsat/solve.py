@@ -978,7 +978,7 @@ def leave_room_for_offsets(run: Run, p: Problem, sol: Assignment) -> bool:
     tl = run.timed(plan)
     if not tl.valid:
         return True  # finish reports it
-    placed, height = place_statically(p.graph, p.hw, plan, tl, time_limit_s=EXACT_OFFSETS_S)
+    placed, height = place_statically(p.graph, p.hw, plan, tl, found=run.fitted_offsets(tl, EXACT_OFFSETS_S))
     if placed is not None:
         return True
     extra = height - tl.metrics.peak_bytes[HBM]
@@ -1154,8 +1154,8 @@ def place_hbm(run: Run, p: Problem, cands: list[tuple[Plan, Timeline]], unfit: s
             continue
         # The exact offsets model for the first candidate tried; best fit alone for the others, so that more of
         # them are tried before the deadline (each exact attempt that fails takes its whole limit).
-        fitted, height = place_statically(p.graph, p.hw, plan, tl,
-                                          time_limit_s=max(0.5, run.left()) if not tried else 0.05)
+        limit = max(0.5, run.left()) if not tried else 0.05
+        fitted, height = place_statically(p.graph, p.hw, plan, tl, found=run.fitted_offsets(tl, limit))
         tried += 1
         if fitted is not None:
             static, static_tl = fitted.plan, fitted.timeline

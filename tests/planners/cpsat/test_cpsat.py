@@ -535,11 +535,11 @@ def test_a_best_solution_whose_offsets_do_not_fit_is_repaired_at_a_lowered_capac
     real = solve.place_statically
     checked: list = []  # the timelines checked, the main solve's best first
 
-    def first_fails(graph, hw_, plan, tl, time_limit_s=10.0):
+    def first_fails(graph, hw_, plan, tl, time_limit_s=10.0, found=None):
         checked.append(tl)
         if len(checked) == 1:
             return None, hw.hbm_bytes + 10
-        return real(graph, hw_, plan, tl, time_limit_s=time_limit_s)
+        return real(graph, hw_, plan, tl, time_limit_s=time_limit_s, found=found)
 
     finished: list = []
     real_finish = solve.finish
@@ -688,7 +688,7 @@ def test_the_recorded_start_of_each_planner_is_its_fastest_plan():
 
 def _timed(makespan_ns: int, valid: bool = True) -> SimpleNamespace:
     return SimpleNamespace(valid=valid, metrics=SimpleNamespace(makespan_ns=makespan_ns, speed_key=(makespan_ns, 0)),
-                           compactions=())
+                           compactions=(), residencies=())
 
 
 def test_with_no_static_fit_the_candidate_fastest_under_the_caching_allocator_is_placed(monkeypatch):
@@ -710,3 +710,46 @@ def test_with_no_static_fit_the_candidate_fastest_under_the_caching_allocator_is
     run = Run.start(g, hw, time_limit=5, workers=1)
     plan, tl = solve.place_hbm(run, p, cands)
     assert plan is plans[0] and not run.record.slower_solution_placed
+
+
+def _offsets_found_only_with(monkeypatch, least_s: float) -> list[float]:
+    """Make the offsets search find offsets within the budget only with a limit of ``least_s`` or more, as the real
+    one did on transformer_block at 1 GB (0.54 s of 1 s; nothing in 0.5 s). Returns the limits it was called with."""
+    from planner.planners.cpsat import run as run_module
+
+    real = run_module.offsets_within
+    limits: list[float] = []
+
+    def search(residencies, capacity, time_limit_s):
+        limits.append(time_limit_s)
+        offs, height = real(residencies, capacity, time_limit_s=time_limit_s)
+        return (offs, height) if time_limit_s >= least_s else (offs, capacity + 1)
+
+    monkeypatch.setattr(run_module, "offsets_within", search)
+    return limits
+
+
+def test_offsets_found_in_the_check_after_the_solve_are_placed_with_the_plan(monkeypatch):
+    g, hw = chain_graph(), simple_hardware(hbm=10_000)
+    plan = api.plan(g, hw, planner="none").plan
+    tl = simulate(g, hw, plan, allocator=False)
+    limits = _offsets_found_only_with(monkeypatch, solve.EXACT_OFFSETS_S)
+    run = Run.start(g, hw, time_limit=0.01, workers=1)  # no time left: the placement searches for 0.5 s at most
+    p = SimpleNamespace(graph=g, hw=hw, ops=g.ops, capacity=10_000, scale=SimpleNamespace(unit_bytes=1))
+    monkeypatch.setattr(solve, "plan_from_assignment", lambda p, sol: plan)
+    assert solve.leave_room_for_offsets(run, p, sol=None)
+    placed, placed_tl = solve.place_hbm(run, p, [(plan, tl)])
+    assert placed.offsets and placed_tl.valid and placed_tl.metrics.defrag_events == 0
+    assert limits == [solve.EXACT_OFFSETS_S]  # found once, placed without a second search
+    assert not any("caching allocator" in n for n in run.notes)
+
+
+def test_offsets_that_did_not_fit_are_searched_again(monkeypatch):
+    g, hw = chain_graph(), simple_hardware(hbm=10_000)
+    tl = simulate(g, hw, api.plan(g, hw, planner="none").plan, allocator=False)
+    limits = _offsets_found_only_with(monkeypatch, 1.0)
+    run = Run.start(g, hw, time_limit=10, workers=1)
+    assert run.fitted_offsets(tl, 0.5)[1] > hw.hbm_bytes
+    assert run.fitted_offsets(tl, 1.0)[1] <= hw.hbm_bytes
+    assert run.fitted_offsets(tl, 0.05)[1] <= hw.hbm_bytes
+    assert limits == [0.5, 1.0]
