@@ -61,6 +61,8 @@ from planner.planners.greedy import (
     with_early_weight_stores,
 )
 from planner.planners.greedy_deferred import DEFERRED_EIGHTHS, DEFERRED_MAX_OPS, plan_deferred
+from planner.planners.greedy_held import FINALISTS as HELD_FINALISTS
+from planner.planners.greedy_held import HELD_MAX_OPS, PREFETCH_DISTANCES, hold_candidates, with_held
 from planner.planners.greedy_select import Answers, Context
 from planner.planners.greedy_sweep import (
     BELADY_POINTS,
@@ -113,6 +115,9 @@ DEFERRED_SHARE_MIN_S = 30.0
 # sweep's +54.6%. At 0.5 the sweep with one finalist (22 s estimated, 43 s left) was skipped on
 # deepseek-v3-nsa-128k-L3-1layer at 60% (2 workers, 60 s): 1559.2 ms against the sweep's 1255.6.
 SWEEP_AFFORDABLE_SHARE = 0.6
+# Greedy's plan with a tensor held through a crowded op (``_held_start``) runs when its estimate fits in this share
+# of the time left.
+HELD_SHARE = 0.45
 # Sampled orders (``orders.sampled_order``) as starting orders, on graphs of more ops than the exact search covers
 # (it weighs every order itself) and up to SAMPLED_MAX_OPS. Each order is scored by greedy's plan at its defaults,
 # built and timed without static offsets (two points of its sweep, with and without early fetches: 10 to 20 ms an
@@ -532,6 +537,9 @@ def starting_plans(run: Run, start: str = "auto", windows: bool = False
                 cands += _deferred_sweep(run, answers, deferred, max(s for _ctx, s in greedy_ctxs))
                 if run.interrupted:
                     break
+                cands += _held_start(run, cands)
+                if run.interrupted:
+                    break
     valid = [c for c in cands if c[1].valid]
     pool = valid or cands
     if not pool:
@@ -545,6 +553,43 @@ def starting_plans(run: Run, start: str = "auto", windows: bool = False
             fastest[plan.planner] = min(us, fastest.get(plan.planner, us))
     run.record.start_candidates = fastest
     return best, _search_start(run, best, greedy_plans)
+
+
+def _held_start(run: Run, cands: list[tuple[Plan, Timeline]]) -> list[tuple[Plan, Timeline]]:
+    """Greedy's fastest plan so far planned again with a large tensor held on HBM through a crowded op, as
+    greedy-sweep does (``greedy_held.with_held``), as a starting candidate when faster; [] when it is not.
+    cpsat promises never to end slower than greedy-sweep, which makes this pass.
+
+    Deterministic runs estimate its tries from the op count (greedy's cheap ranking of each candidate hold, two per
+    prefetch distance, then its finalists in full) and make them all when that fits in ``HELD_SHARE`` of the time
+    left (a note says when not); the others try until that share of the time left has passed. The whole run's
+    deadline stops a finalist's replanning for static offsets either way, as greedy's start."""
+    g, hw = run.graph, run.hw
+    mine = [(p, tl) for p, tl in cands if p.planner.startswith("greedy") and tl.valid]
+    if not mine or len(g.ops) > HELD_MAX_OPS:
+        return []
+    plan, tl = min(mine, key=lambda c: c[1].metrics.speed_key)
+    holds = len(hold_candidates(g, hw, plan, tl))
+    if not holds:
+        return []
+    if run.deterministic:
+        # As the start sweep's estimate: a point at a share of a greedy run, a finalist a greedy run and the exact
+        # offsets model's effort on small graphs.
+        full = len(g.ops) * SWEEP_S_PER_OP
+        exact = EXACT_OFFSETS_S if len(g.ops) <= EXACT_MAX_BLOCKS else 0.0
+        estimate = full * holds * len(PREFETCH_DISTANCES) * 2 * SWEEP_POINT_SHARE + HELD_FINALISTS * (full + exact)
+        if not _affordable(run, estimate, HELD_SHARE):
+            run.notes.append(f"no tensor held through a crowded op: about {estimate:.0f} s, more than the time "
+                             "left allows")
+            return []
+        run.start_s += estimate
+        deadline = run.deadline
+    else:
+        deadline = min(run.deadline, time.monotonic() + HELD_SHARE * max(0.0, run.left()))
+    held, held_tl, hold = with_held(g, hw, plan, tl, deadline=deadline)
+    if time.monotonic() > deadline:
+        run.clock_cut()
+    return [] if hold is None else [(held, held_tl)]
 
 
 def _deferred_starts(run: Run, answers: Answers, greedy_s: float) -> list[tuple[Plan, Timeline]]:
