@@ -74,7 +74,7 @@ REGISTRY: dict[str, PlannerSpec] = {spec.name: spec for spec in (
                 timed=plan_greedy_timed, report=True, report_plan=plan_greedy_sweep, color="#1f77b4", marker="o"),
     PlannerSpec("greedy-sweep", plan_greedy_sweep, "greedy over a grid of its four settings, the best valid plan",
                 family="greedy", color="#1f77b4", marker="o",
-                recorded={**{k: int for k in GREEDY_SETTINGS}, "evict": str, "sweep": bool, "hold": str}),
+                recorded={**{k: int for k in GREEDY_SETTINGS}, "evict": str, "sweep": bool}),
     PlannerSpec("cpsat", plan_cpsat, "CP-SAT over cache-op placement and order, from the best heuristic plan",
                 timed=plan_cpsat_timed, report=True, color="#2ca02c", marker="D",
                 deterministic=_CPSAT_DETERMINISTIC, solution_options={"time_limit": 10.0, **_CPSAT_DETERMINISTIC}),

@@ -17,7 +17,9 @@ judges the result on the original graph, and it is kept only when valid and fast
 
 Which reads are tried (``hold_candidates``): the compute stream's longest stalls, the largest tensor each stalled op
 waited for a Prefetch of, and the ops between that tensor's previous use and the stalled op with the largest
-working sets that leave room for it.
+working sets that leave room for it. cpsat makes the pass on its best greedy start (``cpsat/solve.py``,
+``_held_start``); greedy-sweep does not (28 s on NSA-128k at 60%, more than cpsat can spend within its limit, and
+cpsat must not end slower than greedy-sweep).
 """
 
 from __future__ import annotations

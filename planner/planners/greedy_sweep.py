@@ -8,9 +8,7 @@ peak, then the earliest point of the grid. The best two and the defaults are pla
 rather than at an arbitrary default. Each order's best two points are also planned with Belady's eviction rule
 (``greedy_select.select_gaps``) and ranked beside the grid. With ``order=auto`` the grid is run on every order
 greedy's ``auto`` plans (``greedy.auto_contexts``, and the deferred orders with their re-runs,
-``greedy_deferred.py``). The winner is then planned again with a large tensor held on HBM through a crowded op
-(``greedy_held.py``) and its Stores issued earlier (``planner/polish.py``), each kept where the executor finds it
-faster.
+``greedy_deferred.py``).
 """
 
 from __future__ import annotations
@@ -41,7 +39,6 @@ from planner.planners.greedy import (
     with_early_weight_stores,
 )
 from planner.planners.greedy_deferred import plan_deferred
-from planner.planners.greedy_held import with_held
 from planner.planners.greedy_select import Context
 from planner.polish import with_stores_earlier
 
@@ -85,12 +82,10 @@ def plan_greedy_sweep(
     The points are ranked by their makespan without static offsets; the best ``finalists`` of them and the
     defaults are then planned in full (static offsets may lower the planning budget, see ``greedy.py``) and the
     best of those wins, so the sweep is never worse than ``greedy`` with its defaults. ``recompute`` and ``offload``
-    as for ``greedy``: they hold at every point. The winner is then planned again with a large tensor held on HBM
-    through a crowded op where the executor finds that faster (``greedy_held.with_held``), and its Stores are
-    issued earlier in their links' queues where that is faster (``planner.polish.stores_earlier``).
+    as for ``greedy``: they hold at every point. The winner's Stores are then issued earlier in their links'
+    queues where the executor finds that faster (``planner.polish.stores_earlier``).
     """
     plan = _best_point(graph, hw, grid, order, offsets, finalists, recompute, offload)
-    plan = with_held(graph, hw, plan, offsets=_flag(offsets))[0]
     return with_stores_earlier(graph, hw, plan)[0]
 
 

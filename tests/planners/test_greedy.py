@@ -17,8 +17,7 @@ from planner.executor import simulate
 from planner.graph import Graph, Op, Tensor, TensorKind
 from planner.hardware import HBM
 from planner.plan import StepKind
-from planner.planners.greedy import DEFAULTS, answers_of, plan_greedy, plan_greedy_timed
-from planner.planners.greedy_held import held_planned, parse_hold, settings_of
+from planner.planners.greedy import DEFAULTS, plan_greedy, plan_greedy_timed
 from planner.planners.greedy_select import EVICT_RULES
 from planner.planners.greedy_sweep import grid_points, plan_greedy_sweep
 from planner.planners.none import plan_none
@@ -95,15 +94,10 @@ def test_sweep_is_no_worse_than_the_defaults_and_records_its_winner():
     assert set(DEFAULTS) <= set(plan.options)
     assert plan.stats["sweep_points"] == len(grid_points()) and plan.stats["sweep_valid"] >= 1
     assert plan.stats["sweep_belady_points"] >= 1 and plan.options["evict"] in EVICT_RULES
-    # The recorded settings, the eviction rule included, reproduce the plan (with the tensor it holds through a
-    # crowded op, where it holds one: planner/planners/greedy_held.py), with its Stores issued earlier where that
-    # pass moved any (planner/polish.py).
+    # The recorded settings, the eviction rule included, reproduce the plan, with its Stores issued earlier where
+    # that pass moved any (planner/polish.py).
     settings = {k: plan.options[k] for k in (*DEFAULTS, "evict")}
-    if plan.options.get("hold"):
-        again = held_planned(g, hw, plan.options["order"], parse_hold(plan.options["hold"]), settings_of(plan),
-                             answers_of(), offsets=False, name="greedy-sweep").plan
-    else:
-        again = plan_greedy(g, hw, offsets=False, **settings)
+    again = plan_greedy(g, hw, offsets=False, **settings)
     if plan.stats.get("stores_earlier"):
         again = with_stores_earlier(g, hw, again)[0]
     assert again.steps == plan.steps
