@@ -134,6 +134,7 @@ class Run:
     # the starting plans took 3.3 s of it, and every solve was stopped by the clock).
     start_s: float = 0.0
     sim_s: float = 0.0  # the longest executor run (without the allocator model) so far: estimates the next ones
+    point_s: float = 0.0  # the longest point of greedy's sweep timed (``solve._start_sweep``, several workers only)
     log_sink: LogSink | None = None  # receives CP-SAT's search log, line by line
     interrupted: bool = False  # Ctrl-C stopped the search: finish with the best plan so far, search no more
     recompute: bool = True  # recompute gaps in the model, and in the starting plans

@@ -629,7 +629,8 @@ def _deferred_sweep(run: Run, answers: Answers, starts: list[tuple[Plan, Timelin
     ``greedy-sweep`` sweeps it, as a starting candidate: [] when no deferred plan is valid or the sweep does not fit
     in ``SWEEP_AFFORDABLE_SHARE`` of the time left (a note says so). Estimated as ``_start_sweep`` estimates one
     order, with each full plan as a greedy run on a graph up to a fifth larger (``greedy_s``: greedy's longest run
-    on an order here; deterministic runs estimate it from the op count).
+    on an order here; deterministic runs estimate it from the op count), and each point, where the start sweep
+    timed one (``Run.point_s``), as that point on a graph up to a fifth larger.
 
     Why: cpsat promises never to end slower than the sweep's best point, and on training graphs that point can be
     a deferred order's: on deepseek-v3-paper at 70% (60 s, 2 workers) greedy-sweep's best was ``deferred-0`` at
@@ -642,7 +643,14 @@ def _deferred_sweep(run: Run, answers: Answers, starts: list[tuple[Plan, Timelin
     best = min(valid, key=lambda c: (c[1].metrics.makespan_ns, c[1].metrics.peak_bytes[HBM]))[0]
     eighths = int(DEFERRED.fullmatch(best.options["order"]).group(1))
     full = 1.2 * (len(g.ops) * SWEEP_S_PER_OP if run.deterministic else greedy_s)
-    cost = full * (_sweep_points() * SWEEP_POINT_SHARE + FINALISTS)
+    if run.deterministic or not run.point_s:
+        cost = full * (_sweep_points() * SWEEP_POINT_SHARE + FINALISTS)
+    else:
+        # The points as the start sweep's probe measured one (on a graph up to a fifth larger): a point is far
+        # cheaper than the share of a greedy run assumed above on deepseek-v3-paper (0.4 of 2.2 s assumed, about
+        # 0.15 s measured), where that estimate, 23 s against the 2.6-4 s the sweep takes, skipped it on a busy
+        # day and cpsat ended at 2131.06 ms, slower than greedy-sweep's 2109.01 ms at 70%.
+        cost = 1.2 * run.point_s * _sweep_points() + full * FINALISTS
     if not _affordable(run, cost, SWEEP_AFFORDABLE_SHARE):
         run.notes.append(f"greedy's sweep of order {best.options['order']} not planned: about {cost:.0f} s, more "
                          "than the time left allows")
@@ -812,6 +820,7 @@ def _start_sweep(run: Run, contexts: list[tuple[Context, float]], cands: list[tu
         t_point = time.monotonic()
         probe = build_plan(ctx, grid_points()[-1], hw.hbm_bytes, "greedy-sweep")
         simulate(g, hw, probe, allocator=False)
+        run.point_s = max(run.point_s, time.monotonic() - t_point)
         costs.append(((npoints - 1) * (time.monotonic() - t_point), greedy_ctx_s))
     chosen = None
     # The most orders that fit (the best of greedy's defaults first), each with FINALISTS finalists, else with one:
