@@ -179,13 +179,10 @@ def with_held(graph: Graph, hw: Hardware, plan: Plan, timeline: Timeline | None 
     on graphs above ``HELD_MAX_OPS`` ops, in the deferred orders (their graph is rewritten already), or when it is
     not valid. ``deadline`` (``time.monotonic()``): no try starts after it."""
     timeline = timeline if timeline is not None else simulate(graph, hw, plan)
-    order_name = str(plan.options.get("order", "auto"))
-    if (not timeline.valid or plan.status is not PlanStatus.FEASIBLE or len(graph.ops) > HELD_MAX_OPS
-            or DEFERRED.fullmatch(order_name) or plan.options.get("hold")):
-        return plan, timeline, None
-    holds = hold_candidates(graph, hw, plan, timeline)
+    holds = holds_to_try(graph, hw, plan, timeline)
     if not holds:
         return plan, timeline, None
+    order_name = str(plan.options.get("order", "auto"))
     order = named_order(graph, order_name)
     answers = answers_of(plan.options.get("recompute", True), plan.options.get("offload", True))
     base = settings_of(plan)
@@ -231,6 +228,16 @@ def with_held(graph: Graph, hw: Hardware, plan: Plan, timeline: Timeline | None 
     return held, best.timeline, parse_hold(held.options["hold"])
 
 
+def holds_to_try(graph: Graph, hw: Hardware, plan: Plan, timeline: Timeline) -> list[Hold]:
+    """The holds ``with_held`` tries on ``plan`` (``timeline``: its executor run): ``hold_candidates``, or none on
+    graphs above ``HELD_MAX_OPS`` ops, in the deferred orders, for a plan that holds a tensor already, or for one
+    that is not valid."""
+    if (not timeline.valid or plan.status is not PlanStatus.FEASIBLE or len(graph.ops) > HELD_MAX_OPS
+            or DEFERRED.fullmatch(str(plan.options.get("order", "auto"))) or plan.options.get("hold")):
+        return []
+    return hold_candidates(graph, hw, plan, timeline)
+
+
 def held_planned(graph: Graph, hw: Hardware, order: str, hold: Hold, settings: Settings, answers: Answers,
                  offsets: bool = True, name: str = "greedy", beat_ns: int | None = None,
                  deadline: float | None = None) -> Planned:
@@ -266,5 +273,5 @@ def _late(deadline: float | None) -> bool:
     return deadline is not None and time.monotonic() > deadline
 
 
-__all__ = ["Hold", "held_graph", "held_planned", "hold_candidates", "parse_hold", "plan_back", "settings_of",
-           "with_held"]
+__all__ = ["Hold", "held_graph", "held_planned", "hold_candidates", "holds_to_try", "parse_hold", "plan_back",
+           "settings_of", "with_held"]

@@ -18,6 +18,7 @@ from planner.planners.greedy_held import (
     held_graph,
     held_planned,
     hold_candidates,
+    holds_to_try,
     parse_hold,
     plan_back,
     settings_of,
@@ -142,6 +143,17 @@ def test_a_plan_that_is_not_valid_or_has_no_stall_is_returned_as_it_is():
     assert hold is None and out is broken
     infeasible = replace(plan, status=PlanStatus.INFEASIBLE)
     assert with_held(g, hw, infeasible, tl)[2] is None
+
+
+def test_no_holds_are_tried_in_a_deferred_order_or_on_a_plan_that_holds_one():
+    # cpsat counts the pass's time only where it tries holds (``holds_to_try``): a deferred order's graph is
+    # rewritten already, and a held plan is not held again.
+    g, hw = held_case(), simple_hardware(hbm=450)
+    plan, tl = _swept_point(g, hw)
+    assert holds_to_try(g, hw, plan, tl)
+    assert holds_to_try(g, hw, replace(plan, options={**plan.options, "order": "deferred-0"}), tl) == []
+    held, held_tl, _hold = with_held(g, hw, plan, tl)
+    assert holds_to_try(g, hw, held, held_tl) == []
 
 
 def test_the_graph_size_cap_skips_the_pass(monkeypatch):

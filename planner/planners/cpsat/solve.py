@@ -62,7 +62,7 @@ from planner.planners.greedy import (
 )
 from planner.planners.greedy_deferred import DEFERRED_EIGHTHS, DEFERRED_MAX_OPS, plan_deferred
 from planner.planners.greedy_held import FINALISTS as HELD_FINALISTS
-from planner.planners.greedy_held import HELD_MAX_OPS, PREFETCH_DISTANCES, hold_candidates, with_held
+from planner.planners.greedy_held import PREFETCH_DISTANCES, holds_to_try, with_held
 from planner.planners.greedy_select import Answers, Context
 from planner.planners.greedy_sweep import (
     BELADY_POINTS,
@@ -567,10 +567,10 @@ def _held_start(run: Run, cands: list[tuple[Plan, Timeline]]) -> list[tuple[Plan
     deadline stops a finalist's replanning for static offsets either way, as greedy's start."""
     g, hw = run.graph, run.hw
     mine = [(p, tl) for p, tl in cands if p.planner.startswith("greedy") and tl.valid]
-    if not mine or len(g.ops) > HELD_MAX_OPS:
+    if not mine:
         return []
     plan, tl = min(mine, key=lambda c: c[1].metrics.speed_key)
-    holds = len(hold_candidates(g, hw, plan, tl))
+    holds = len(holds_to_try(g, hw, plan, tl))
     if not holds:
         return []
     if run.deterministic:
