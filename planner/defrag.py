@@ -29,7 +29,7 @@ from planner.executor import simulate
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
 from planner.plan import Plan, Step, StepKind
-from planner.timeline import StepTiming, Timeline
+from planner.timeline import Residencies, StepTiming, Timeline
 
 # Executor runs (with the allocator model) per pass. One run of the 5,000-step plan of deepseek-v3-nsa-128k at 60%
 # takes 0.03 s; 60 runs found the 16 ms that single evictions gain there (all of them within 47 runs).
@@ -125,9 +125,10 @@ def _candidates(timeline: Timeline, uses: dict[str, list[tuple[int, int, int]]],
     """(tensor, step of its last use before ``at_ns``, step of its next use) for the tensors on HBM at ``at_ns``
     that no step uses then, longest idle x largest first; at most ``CANDIDATES_PER_COMPACTION``."""
     found = []
-    for r in timeline.residencies:
-        if r.tier != HBM or not r.start_ns <= at_ns < r.end_ns:
-            continue
+    res = timeline.residencies
+    live = res.live_at(HBM, at_ns) if isinstance(res, Residencies) else \
+        [r for r in res if r.tier == HBM and r.start_ns <= at_ns < r.end_ns]
+    for r in live:
         u = uses.get(r.name)
         if not u:
             continue
@@ -151,6 +152,14 @@ def _variants(graph: Graph, hw: Hardware, plan: Plan, tensor: str, prev: int, nx
         out.append(_evicted(hw, plan, timeline, tensor, prev, nxt, start_tier, store=False))
     out.append(_evicted(hw, plan, timeline, tensor, prev, nxt, hw.fastest_remote_tier(), store=True))
     return [p for p in out if p is not None]
+
+
+def _bytes_of(res: Sequence, tensor: str) -> int:
+    """The bytes of ``tensor``'s first residency in ``res``; 0 when it has none."""
+    if isinstance(res, Residencies):
+        names = res.names
+        return res.sizes[names.index(tensor)] if tensor in names else 0
+    return next((r.bytes for r in res if r.name == tensor), 0)
 
 
 def _busy(steps: Sequence[Step], times: Sequence[StepTiming], link: str, lo: int, hi: int) -> list[tuple[int, int]]:
@@ -192,7 +201,7 @@ def _evicted(hw: Hardware, plan: Plan, timeline: Timeline, tensor: str, prev: in
     compute step that ends by its start, so that it does not hold HBM from the moment the tensor leaves."""
     steps, times = plan.steps, timeline.steps
     out_link, in_link = hw.store_link(tier), hw.fetch_link(tier)
-    tensor_bytes = next((r.bytes for r in timeline.residencies if r.name == tensor), 0)
+    tensor_bytes = _bytes_of(timeline.residencies, tensor)
     out_ns = transfer_duration_ns(tensor_bytes, out_link) if store else 0
     in_ns = transfer_duration_ns(tensor_bytes, in_link)
     ready = times[prev].end_ns

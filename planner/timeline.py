@@ -137,6 +137,15 @@ class Residencies(Sequence[Residency]):
         return ([names[a] for a in aid], [sizes[a] for a in aid], self.start[rows].tolist(), self.end[rows].tolist(),
                 self.until_end[rows].tolist())
 
+    def live_at(self, tier: str, at_ns: int) -> list[Residency]:
+        """The residencies on ``tier`` held at ``at_ns`` (start <= at_ns < end), in sequence order: a mask over the
+        arrays, objects made only for the few it keeps (a pass over every compaction of a 20,000-op plan made 12
+        million, 15 s)."""
+        if tier not in self.tier_names:
+            return []
+        rows = np.flatnonzero((self.tier == self.tier_names.index(tier)) & (self.start <= at_ns) & (at_ns < self.end))
+        return list(self._objects(rows))
+
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Sequence):
             return len(self) == len(other) and tuple(self) == tuple(other)

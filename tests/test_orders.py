@@ -7,7 +7,7 @@ from planner import api
 from planner.executor import simulate
 from planner.formats import load_graph
 from planner.graph import AUTO, Graph, Op, Tensor, TensorKind
-from planner.orders import lowest_peak_order, named_order, sampled_order, store_backs_first
+from planner.orders import ancestor_counts, lowest_peak_order, named_order, sampled_order, store_backs_first
 from planner.planners.greedy import plan_greedy
 from planner.planners.none import no_offload_program, plan_none
 
@@ -205,3 +205,20 @@ def test_greedy_plans_sources_first_only_up_to_its_size_limit(monkeypatch):
 def test_without_sources_that_share_a_read_the_order_is_auto():
     g = training_graph()  # one source op (F0), which shares its weight with no other source
     assert named_order(g, "sources-first") == named_order(g, "auto")
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_ancestor_counts_are_networkx_s(seed):
+    import networkx as nx
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    n = 60
+    dag = nx.DiGraph()
+    dag.add_nodes_from(f"o{i}" for i in range(n))
+    for j in range(1, n):
+        for i in rng.choice(j, size=min(j, int(rng.integers(0, 4))), replace=False):
+            dag.add_edge(f"o{i}", f"o{j}")
+    order = list(nx.lexicographical_topological_sort(dag, key=lambda s: -int(s[1:])))
+    targets = [f"o{i}" for i in rng.choice(n, size=20, replace=False)]
+    assert ancestor_counts(dag, order, targets) == {t: len(nx.ancestors(dag, t)) for t in targets}

@@ -49,6 +49,19 @@ def test_residencies_read_as_residency_objects():
     assert tier_columns(objects, HBM) == (names, sizes, starts, ends, held)
 
 
+def test_live_at_is_the_residencies_held_on_a_tier_at_an_instant():
+    tl = _timeline()
+    res = tl.residencies
+    instants = sorted({r.start_ns for r in res} | {r.end_ns for r in res} | {r.start_ns + 1 for r in res})
+    seen = 0
+    for tier in (HBM, "host", "nowhere"):
+        for t in instants:
+            want = [r for r in res if r.tier == tier and r.start_ns <= t < r.end_ns]
+            assert res.live_at(tier, t) == want
+            seen += len(want)
+    assert seen  # some instants hold residencies
+
+
 def test_a_timeline_pickles_and_compares_equal():
     g = chain_graph()
     hw = simple_hardware(hbm=10_000)
