@@ -123,6 +123,14 @@ def sweep_contexts(contexts: list[Context], grid: dict | None = None, offsets: b
     ``defaults=False``: the defaults are not planned in full unless no other point is valid (a caller that holds
     greedy's plan at its defaults already, and keeps the better of the two), so the returned plan may be slower
     than the defaults'. Each full plan costs about a greedy run (15 s on deepseek-v3-nsa-128k-L3-1layer at 60%)."""
+    return sweep_finalists(contexts, grid, offsets, finalists, defaults)[0].plan
+
+
+def sweep_finalists(contexts: list[Context], grid: dict | None = None, offsets: bool = True,
+                    finalists: int = FINALISTS, defaults: bool = True) -> list[Planned]:
+    """``sweep_contexts``'s plans of every point it planned in full, with their executor timelines, fastest first
+    (its own plan first): for a caller that passes more than the fastest through a later step that can reorder
+    them (``planner/polish.py``)."""
     with gc_paused():  # as greedy (planner/gc_pause.py)
         return _sweep(contexts, grid, offsets, finalists, defaults)
 
@@ -136,12 +144,13 @@ def swept_planned(ctx: Context, grid: dict | None = None, offsets: bool = True, 
 
 
 def _sweep(contexts: list[Context], grid: dict | None, offsets: bool, finalists: int, defaults: bool = True
-           ) -> Plan:
+           ) -> list[Planned]:
     graph, hw = contexts[0].graph, contexts[0].hw
     points = grid_points(grid)
     if hw.hbm_bytes < hbm_floor(graph)[0]:
         plan = plan_with_context(contexts[0], points[0], offsets=False, name="greedy-sweep")  # infeasible: says why
-        return replace(plan, options=dict(plan.options, sweep=True))
+        plan = replace(plan, options=dict(plan.options, sweep=True))
+        return [Planned(plan, simulate(graph, hw, plan))]
     ranked: list[tuple] = []
     seen: set = set()
 
@@ -203,13 +212,13 @@ def _sweep(contexts: list[Context], grid: dict | None, offsets: bool, finalists:
         for ck in dict.fromkeys(firsts):
             planned[ck] = with_early_weight_stores(contexts[ck[0]], points[ck[1]], planned[ck], offsets,
                                                    "greedy-sweep", beat_ns=best_so_far())
-    plan = planned[min(planned, key=key)].plan
-    options = dict(plan.options, sweep=True)
-    stats = dict(plan.stats, sweep_points=grid_size, sweep_belady_points=len(points) - grid_size,
-                 sweep_distinct_plans=len(seen), sweep_valid=len(ranked),
-                 sweep_finalists=len(chosen),
-                 sweep_grid={k: list(v) for k, v in (DEFAULT_GRID if grid is None else grid).items()})
-    return replace(plan, options=options, stats=stats)
+    counts = dict(sweep_points=grid_size, sweep_belady_points=len(points) - grid_size,
+                  sweep_distinct_plans=len(seen), sweep_valid=len(ranked), sweep_finalists=len(chosen),
+                  sweep_grid={k: list(v) for k, v in (DEFAULT_GRID if grid is None else grid).items()})
+    return [Planned(replace(planned[ck].plan, options=dict(planned[ck].plan.options, sweep=True),
+                            stats=dict(planned[ck].plan.stats, **counts)), planned[ck].timeline)
+            for ck in sorted(planned, key=key)]
 
 
-__all__ = ["BELADY_POINTS", "DEFAULT_GRID", "grid_points", "plan_greedy_sweep", "sweep_contexts", "swept_planned"]
+__all__ = ["BELADY_POINTS", "DEFAULT_GRID", "grid_points", "plan_greedy_sweep", "sweep_contexts", "sweep_finalists",
+           "swept_planned"]

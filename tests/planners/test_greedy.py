@@ -131,6 +131,24 @@ def test_a_sweep_told_the_caller_holds_the_defaults_plans_only_its_finalists(mon
     assert t_all.metrics.makespan_ns <= t_one.metrics.makespan_ns
 
 
+def test_a_sweep_gives_every_finalist_it_planned_fastest_first_its_own_plan_first():
+    # cpsat passes more than the sweep's best through the pass that issues Stores earlier, which can reorder them.
+    import planner.planners.greedy_sweep as sweep_mod
+    from planner.planners.greedy import answers_of, auto_contexts
+
+    g, name, peak = loaded(GRAPHS / "transformer_block.json")
+    hw = api.hardware(name, hbm=str(int(peak * 0.6)))
+    contexts = auto_contexts(g, hw, answers_of())
+    finalists = sweep_mod.sweep_finalists(contexts)
+    assert len(finalists) >= 2
+    for out in finalists:
+        assert out.timeline.valid and out.plan.options["sweep"] is True
+        assert simulate(g, hw, out.plan).metrics.makespan_ns == out.timeline.metrics.makespan_ns
+    spans = [out.timeline.metrics.makespan_ns for out in finalists]
+    assert spans == sorted(spans)
+    assert finalists[0].plan.steps == sweep_mod.sweep_contexts(contexts).steps
+
+
 def test_grid_points_drop_duplicates():
     pts = grid_points({"select_distance": (4, 16), "select_num": (0, 8), "prefetch_distance": (1,),
                        "release_distance": (1,)})
