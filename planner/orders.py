@@ -227,7 +227,7 @@ def ancestor_counts(dag: nx.DiGraph, order: Sequence[str], targets: Sequence[str
     """How many ancestors each of ``targets`` has in ``dag`` (``order``: a topological order of it): one pass that
     carries each node's ancestors as a bit set, dropped once its last successor has taken it.
 
-    Why not ``nx.ancestors`` per target: a search of the graph each, 4.3 s for 300 targets on a 20,000-op training
+    Why not ``nx.ancestors`` per target: a search of the graph each (4.3 s for 300 targets on a 20,000-op training
     graph, 0.26 s this way)."""
     wanted = set(targets)
     bit = {name: i for i, name in enumerate(order)}

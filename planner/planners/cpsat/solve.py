@@ -138,6 +138,7 @@ SAMPLED_KEEP = 2
 POLISHED_STARTS = 3
 POLISHED_MARGIN = 0.02
 
+
 def plan_cpsat(
     graph: Graph,
     hw: Hardware,
