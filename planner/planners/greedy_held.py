@@ -169,7 +169,7 @@ def settings_of(plan: Plan) -> Settings:
 
 
 def with_held(graph: Graph, hw: Hardware, plan: Plan, timeline: Timeline | None = None, offsets: bool = True,
-              deadline: float | None = None) -> tuple[Plan, Timeline, Hold | None]:
+              deadline: float | None = None, holds: list[Hold] | None = None) -> tuple[Plan, Timeline, Hold | None]:
     """Return (a plan at least as fast as greedy's ``plan``, its executor timeline, the hold it makes or None): greedy
     in ``plan``'s order with each candidate hold (``hold_candidates``), at ``plan``'s settings and each prefetch
     distance of ``PREFETCH_DISTANCES``, ranked without the allocator model (those whose static offsets fit first);
@@ -177,9 +177,10 @@ def with_held(graph: Graph, hw: Hardware, plan: Plan, timeline: Timeline | None 
     static offsets, as greedy places them); the fastest is kept when the executor finds it valid and faster than
     ``plan``. Its options record the hold and the settings, which reproduce it. ``plan`` itself when no hold pays,
     on graphs above ``HELD_MAX_OPS`` ops, in the deferred orders (their graph is rewritten already), or when it is
-    not valid. ``deadline`` (``time.monotonic()``): no try starts after it."""
+    not valid. ``deadline`` (``time.monotonic()``): no try starts after it. ``holds``: ``holds_to_try``'s, when the
+    caller has them."""
     timeline = timeline if timeline is not None else simulate(graph, hw, plan)
-    holds = holds_to_try(graph, hw, plan, timeline)
+    holds = holds if holds is not None else holds_to_try(graph, hw, plan, timeline)
     if not holds:
         return plan, timeline, None
     order_name = str(plan.options.get("order", "auto"))

@@ -636,7 +636,7 @@ def _held_start(run: Run, cands: list[tuple[Plan, Timeline]]) -> list[tuple[Plan
     if not mine:
         return []
     plan, tl = min(mine, key=lambda c: c[1].metrics.speed_key)
-    holds = len(holds_to_try(g, hw, plan, tl))
+    holds = holds_to_try(g, hw, plan, tl)
     if not holds:
         return []
     if run.deterministic:
@@ -644,7 +644,7 @@ def _held_start(run: Run, cands: list[tuple[Plan, Timeline]]) -> list[tuple[Plan
         # offsets model's effort on small graphs.
         full = len(g.ops) * SWEEP_S_PER_OP
         exact = EXACT_OFFSETS_S if len(g.ops) <= EXACT_MAX_BLOCKS else 0.0
-        estimate = full * holds * len(PREFETCH_DISTANCES) * 2 * SWEEP_POINT_SHARE + HELD_FINALISTS * (full + exact)
+        estimate = full * len(holds) * len(PREFETCH_DISTANCES) * 2 * SWEEP_POINT_SHARE + HELD_FINALISTS * (full + exact)
         if not _affordable(run, estimate, HELD_SHARE):
             run.notes.append(f"no tensor held through a crowded op: about {estimate:.0f} s, more than the time "
                              "left allows")
@@ -653,7 +653,7 @@ def _held_start(run: Run, cands: list[tuple[Plan, Timeline]]) -> list[tuple[Plan
         deadline = run.deadline
     else:
         deadline = min(run.deadline, time.monotonic() + HELD_SHARE * max(0.0, run.left()))
-    held, held_tl, hold = with_held(g, hw, plan, tl, deadline=deadline)
+    held, held_tl, hold = with_held(g, hw, plan, tl, deadline=deadline, holds=holds)
     if time.monotonic() > deadline:
         run.clock_cut()
     return [] if hold is None else [(held, held_tl)]
