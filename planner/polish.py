@@ -12,9 +12,9 @@ on HBM (after the step that last made, updated or fetched it, or the step's star
 keeps the move when the executor's run of the whole plan is valid and faster. It is a first-improvement hill climb
 over the Stores, largest first, with a fixed number of executor runs (``MAX_RUNS``, fewer on long programs), so
 the same plan gives the same result, and it never returns a slower plan. A plan with static offsets is first run
-without them and without the allocator model (a third cheaper on the 29k-op graphs): static offsets delay nothing,
-so that run has the full run's times and all its checks but the offsets', and a move it rejects the full run
-would reject too (most moves are rejected).
+without them and without the allocator model: static offsets delay nothing, so that run has the full run's times
+and all its checks but the offsets', and a move it rejects the full run would reject too. Most moves are rejected:
+20 runs on greedy's plan of the 20k-op generated graph at 60% take 4.0-4.3 s instead of 5.5-6.2 s.
 """
 
 from __future__ import annotations

@@ -1,11 +1,16 @@
 """Stores issued earlier in their link's queue (planner/polish.py): only where the executor finds the plan valid
 and faster, never before the version they copy exists, the same plan giving the same result."""
 
+from dataclasses import replace
+from pathlib import Path
+
 from conftest import simple_hardware
 
+from planner import api, polish
 from planner.executor import simulate
 from planner.graph import Graph, Op, Tensor, TensorKind
 from planner.plan import ProgramBuilder, StepKind
+from planner.planners.greedy import plan_greedy
 from planner.polish import _candidates, stores_earlier, with_stores_earlier
 
 US = 1e-6
@@ -87,12 +92,6 @@ def test_a_plan_with_static_offsets_is_screened_without_them_and_keeps_the_moves
     # Greedy's plan of transformer_block at 60% has static offsets, and the pass moves one Store (86.10 -> 82.60
     # ms). Each move is first run without the offsets, which has the full run's times: only the moves that run
     # finds faster are run in full, and the pass keeps the same moves as when every move is run in full.
-    from dataclasses import replace
-    from pathlib import Path
-
-    from planner import api, polish
-    from planner.planners.greedy import plan_greedy
-
     g = api.load_graph(Path(__file__).parent.parent / "graphs" / "transformer_block.json")
     peak = api.no_offload_reference(g, api.hardware()).metrics.peak_bytes["hbm"]
     hw = api.hardware(hbm=str(int(peak * 0.6)))
