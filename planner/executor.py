@@ -28,6 +28,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from planner import executor_kernel
 from planner.allocator import ALLOC, FREE, AllocatorReport, check_offsets, replay_caching_columns
 from planner.cost import op_durations_ns, transfer_duration_ns
 from planner.gc_pause import gc_paused
@@ -211,15 +212,26 @@ def check_program(graph: Graph, hw: Hardware, plan: Plan) -> list[Violation]:
             out.append(Violation("program", 0, "the graph leaves its starting tier to the planner (home 'auto') "
                                  "and the plan's placement does not state it", tensor=name))
     if not out:
-        # The DAG's adjacency in edge order (what ``dag.edges`` yields, without its per-edge generator).
-        for u, succ in graph.dag.adj.items():
-            su = seen[u]
-            for v in succ:
-                if su > seen[v]:
-                    out.append(
-                        Violation("program", 0, f"runs before {u!r}, which it depends on", step=seen[v], op=v)
-                    )
+        src, dst = _dag_edges(graph)
+        at = np.empty(len(graph.ops), dtype=np.int64)
+        at[list(map(op_index.__getitem__, seen))] = list(seen.values())
+        names = graph.ops
+        for e in np.flatnonzero(at[src] > at[dst]).tolist():
+            u, v = names[src[e]].name, names[dst[e]].name
+            out.append(Violation("program", 0, f"runs before {u!r}, which it depends on", step=seen[v], op=v))
     return out
+
+
+def _dag_edges(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
+    """The dependency DAG's edges as op indices (sources, targets), in ``dag.edges`` order; once per graph (kept in
+    ``graph.home_free``): walking the networkx adjacency was half of ``check_program`` on a 20k-op graph."""
+    got = graph.home_free.get("dag_edges")
+    if got is None:
+        index = graph.op_index
+        pairs = [(index[u], index[v]) for u, succ in graph.dag.adj.items() for v in succ]
+        got = graph.home_free["dag_edges"] = (np.array([u for u, _ in pairs], dtype=np.int64),
+                                              np.array([v for _, v in pairs], dtype=np.int64))
+    return got
 
 
 # Step kinds, as small ints for the per-step lists.
@@ -239,7 +251,7 @@ class _Program:
         "tiers", "hbm", "names", "tindex", "tensor_kind", "nbytes", "persistent", "n_tensors",
         "op_names", "op_reads", "op_outputs", "op_updates", "op_workspace", "alloc_names", "alloc_kinds",
         "alloc_bytes", "kind_a", "target_a", "op_step", "read_flat", "read_op", "output_flat", "output_op",
-        "recomputes",
+        "recomputes", "graph_columns",
     )
 
     def __init__(self, graph: Graph, hw: Hardware, steps: tuple[Step, ...], durations: dict[str, int],
@@ -255,7 +267,7 @@ class _Program:
         stream_index = {ln.name: k for k, ln in enumerate(links)}
         stream_index[COMPUTE] = -1
 
-        cols = _graph_columns(graph)
+        self.graph_columns = cols = _graph_columns(graph)
         for name in _GRAPH_COLUMNS:
             setattr(self, name, cols[name])
         tindex, nbytes = self.tindex, self.nbytes
@@ -438,6 +450,12 @@ class _Replayed:
 
 
 def _events(prog: _Program, arrays: tuple[np.ndarray, np.ndarray]) -> tuple[list[int], list[int], list[int]]:
+    """``_event_arrays`` as lists."""
+    t, code, idx = _event_arrays(prog, arrays)
+    return t.tolist(), code.tolist(), idx.tolist()
+
+
+def _event_arrays(prog: _Program, arrays: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(times, event codes, step index or n + tensor index), in time order: ends, then frees, then starts at
     equal times, then by step (the deaths of tensors after the steps, by tensor). A Prefetch's end changes
     nothing and is not an event.
@@ -468,7 +486,7 @@ def _events(prog: _Program, arrays: tuple[np.ndarray, np.ndarray]) -> tuple[list
     code = np.concatenate((_START_EVENT[kind], end_event, np.full(len(dies), _E_DIES, dtype=np.int8)))
     idx = np.concatenate((step, step[has_end], n + dies))
     order = np.lexsort((idx, _EVENT_PRIORITY[code], t))
-    return t[order].tolist(), code[order].tolist(), idx[order].tolist()
+    return t[order], code[order].astype(np.int64), idx[order]
 
 
 def _last_read_starts(prog: _Program, starts: np.ndarray) -> list[int]:
@@ -540,6 +558,10 @@ def _replay(prog: _Program, times: _Times, start: dict[str, str]) -> _Replayed:
         allocs.append((k, t, 0, -1))
         alloc_end.append(-1)
 
+    if prog.n > COMPILED_MIN_STEPS and not len(prog.recomputes):
+        got = _replay_compiled(prog, times, start, arrays, last_read)
+        if got is not None:
+            return got
     ev_times, ev_codes, ev_idx = _events(prog, arrays)
     for now, code, i in zip(ev_times, ev_codes, ev_idx):
         if code == _E_DETACH:
@@ -675,35 +697,119 @@ def _replay(prog: _Program, times: _Times, start: dict[str, str]) -> _Replayed:
                 hbm_open[w] = -1
 
     makespan = max(ends, default=0)
-    # Steady state: each tensor that outlives the step is back on its starting tier, latest version.
+    violations += _not_restored(prog, start, makespan, resident, version, lambda t: remote.get(t, {}))
+    raw = np.fromiter(chain.from_iterable(allocs), dtype=np.int64, count=4 * len(allocs)).reshape(-1, 4)
+    return _replayed(prog, raw, np.array(alloc_end, dtype=np.int64), opened, makespan, violations)
+
+
+def _not_restored(prog: _Program, start: dict[str, str], makespan: int, resident, version, copies_of
+                  ) -> list[Violation]:
+    """Steady state: each tensor that outlives the step is back on its starting tier, latest version (``copies_of``:
+    tensor -> {tier: version of its completed copy there})."""
+    out: list[Violation] = []
+    tier_index = {name: k for k, name in enumerate(prog.tiers)}
+    persistent = prog.persistent
     for name, tier in start.items():
         t = prog.tindex[name]
         if not persistent[t]:
             continue
         if tier == HBM:
             if not resident[t]:
-                violate(Violation("placement_not_restored", makespan, "started the step on hbm but is not resident "
-                                  "when it ends (the next step would find it missing)", None, None, name))
+                out.append(Violation("placement_not_restored", makespan, "started the step on hbm but is not "
+                                     "resident when it ends (the next step would find it missing)", None, None, name))
             continue
-        copies = remote.get(t, {})
+        copies = copies_of(t)
         k = tier_index[tier]
         if copies.get(k) != version[t]:
             what = "holds no copy" if k not in copies else "holds a stale copy (updated since)"
-            violate(Violation("placement_not_restored", makespan, f"started the step on {tier} but {tier} {what} "
-                              "when the step ends: store it back after its last update", None, None, name))
+            out.append(Violation("placement_not_restored", makespan, f"started the step on {tier} but {tier} {what} "
+                                 "when the step ends: store it back after its last update", None, None, name))
+    return out
 
+
+def _replayed(prog: _Program, raw: np.ndarray, end: np.ndarray, opened, makespan: int,
+              violations: list[Violation]) -> _Replayed:
+    """The ``_Replayed`` of the allocations made (``raw``: rows of tier, allocation id, start, step; ``end``: -1
+    while open; ``opened``: per tier, allocation id -> the open one or -1)."""
     # What is still open is held until the end. An allocation over one still open (a second allocation of a copy
     # a broken plan made twice) replaced it: the replaced one was never freed and is no residency.
-    raw = np.fromiter(chain.from_iterable(allocs), dtype=np.int64, count=4 * len(allocs)).reshape(-1, 4)
-    end = np.array(alloc_end, dtype=np.int64)
-    held = np.zeros(len(allocs), dtype=bool)
+    held = np.zeros(len(raw), dtype=bool)
     for tier_open in opened:
-        seqs = np.array(tier_open, dtype=np.int64)
+        seqs = np.asarray(tier_open, dtype=np.int64)
         held[seqs[seqs >= 0]] = True
     end[held] = makespan
     keep = np.flatnonzero(held | (end >= 0))
     return _Replayed(prog, raw[keep, 0], raw[keep, 1], raw[keep, 2], end[keep], held[keep], keep, raw[keep, 3],
                      violations)
+
+
+# Programs of more steps than this replay in the compiled loop first (``executor_kernel``: the same state, no
+# Violation objects; a program it finds a violation in replays again in Python). Once compiled (once per install)
+# the loop costs a load of about 0.1 s per process, and a tenth of the Python loop a run.
+COMPILED_MIN_STEPS = 1000
+
+
+def _kernel_columns(prog: _Program) -> dict:
+    """The graph's per-op tensor lists as CSR arrays (pointers, flat entries), and its per-tensor and per-op flags
+    as arrays, for the compiled replay; once per graph (kept beside ``_graph_columns``)."""
+    cols = prog.graph_columns
+    got = cols.get("kernel")
+    if got is None:
+        def csr(per_op):
+            counts = np.fromiter(map(len, per_op), dtype=np.int64, count=len(per_op))
+            ptr = np.zeros(len(per_op) + 1, dtype=np.int64)
+            np.cumsum(counts, out=ptr[1:])
+            return ptr, np.fromiter(chain.from_iterable(per_op), dtype=np.int64, count=int(ptr[-1]))
+        got = cols["kernel"] = {
+            "reads": csr(prog.op_reads), "outputs": csr(prog.op_outputs), "updates": csr(prog.op_updates),
+            "workspace": np.array(prog.op_workspace, dtype=np.int64),
+            "persistent": np.array(prog.persistent, dtype=np.bool_),
+        }
+    return got
+
+
+def _replay_compiled(prog: _Program, times: _Times, start: dict[str, str], arrays: tuple[np.ndarray, np.ndarray],
+                     last_read: list[int]) -> _Replayed | None:
+    """``_replay``'s result from the compiled loop, or None when the program breaks a rule (the Python replay then
+    words each violation). Programs without recompute steps only."""
+    k = _kernel_columns(prog)
+    n_tiers, n_ids, n_tensors, hbm = len(prog.tiers), len(prog.alloc_names), prog.n_tensors, prog.hbm
+    tier_index = {name: j for j, name in enumerate(prog.tiers)}
+    resident = np.zeros(n_tensors, dtype=np.bool_)
+    remote_v = np.full((n_tensors, n_tiers), -1, dtype=np.int64)
+    opened = np.full((n_tiers, n_ids), -1, dtype=np.int64)
+    # At most: the starting copies, every output and workspace of every op, a copy per transfer step.
+    cap = len(start) + len(prog.output_flat) + len(prog.op_names) + prog.n
+    a_tier, a_aid, a_start, a_step = (np.zeros(cap, dtype=np.int64) for _ in range(4))
+    a_end = np.full(cap, -1, dtype=np.int64)
+    na = 0
+    for name, tier in start.items():
+        t, j = prog.tindex[name], tier_index[tier]
+        if j == hbm:
+            resident[t] = True
+        else:
+            remote_v[t, j] = 0
+        opened[j, t] = na
+        a_tier[na], a_aid[na] = j, t
+        a_step[na] = -1
+        na += 1
+    version = np.zeros(n_tensors, dtype=np.int64)
+    ev_t, ev_code, ev_idx = _event_arrays(prog, arrays)
+    ok, na = executor_kernel.replay(
+        ev_t, ev_code, ev_idx, prog.target_a, np.array(prog.stream, dtype=np.int64), arrays[1],
+        np.array(prog.link_src, dtype=np.int64), np.array(prog.link_dst, dtype=np.int64), *k["reads"], *k["outputs"],
+        *k["updates"], k["workspace"], k["persistent"], np.array(last_read, dtype=np.int64), prog.n, n_tensors, hbm,
+        resident, remote_v, opened, a_tier, a_aid, a_start, a_step, a_end, na, version)
+    if not ok:
+        return None
+    makespan = int(arrays[1].max()) if prog.n else 0
+
+    def copies_of(t: int) -> dict[int, int]:
+        return {j: int(v) for j, v in enumerate(remote_v[t].tolist()) if v >= 0}
+
+    violations = _not_restored(prog, start, makespan, resident, version, copies_of)
+    raw = np.stack((a_tier[:na], a_aid[:na], a_start[:na], a_step[:na]), axis=1)
+    return _replayed(prog, raw, a_end[:na].copy(), opened, makespan, violations)
 
 
 class _Sweep(NamedTuple):

@@ -9,7 +9,7 @@ from conftest import GRAPHS, chain_graph, simple_hardware
 from planner import api
 from planner.allocator import CachingAllocator, _disjoint, _overlaps
 from planner.errors import InputError
-from planner.executor import occupancy, simulate
+from planner.executor import check_program, occupancy, simulate
 from planner.graph import Graph, Op, Tensor, TensorKind
 from planner.plan import Plan, ProgramBuilder, Step, StepKind
 from planner.timeline import Residency, StepTiming
@@ -198,6 +198,17 @@ def test_malformed_programs(steps, expected):
     assert not tl.valid
     assert any(v.kind == "program" and expected in v.message for v in tl.violations), [
         v.describe() for v in tl.violations
+    ]
+
+
+def test_every_dependency_run_out_of_order_is_named_with_the_later_op_and_its_step():
+    g = chain_graph(sizes=(100, 100, 100, 100), durations_us=(1.0, 1.0, 1.0, 1.0))
+    order = ["op3", "op1", "op2", "op0"]
+    plan = Plan("chain", tuple(Step(StepKind.COMPUTE, name, "compute") for name in order), "hand")
+    problems = [(v.op, v.step, v.message) for v in check_program(g, simple_hardware(), plan)]
+    assert problems == [
+        ("op1", 1, "runs before 'op0', which it depends on"),
+        ("op3", 0, "runs before 'op2', which it depends on"),
     ]
 
 
