@@ -489,7 +489,7 @@ def _event_arrays(prog: _Program, arrays: tuple[np.ndarray, np.ndarray]) -> tupl
     return t[order], code[order].astype(np.int64), idx[order]
 
 
-def _last_read_starts(prog: _Program, starts: np.ndarray) -> list[int]:
+def _last_read_starts(prog: _Program, starts: np.ndarray) -> np.ndarray:
     """Per tensor, the latest start of a compute step that reads it (-1: none): a copy dropped at ``now`` is
     still needed when that is at or after ``now``."""
     out = np.full(prog.n_tensors, -1, dtype=np.int64)
@@ -497,7 +497,7 @@ def _last_read_starts(prog: _Program, starts: np.ndarray) -> list[int]:
     for i in prog.recomputes.tolist():
         for t in prog.op_reads[prog.target[i]]:
             out[t] = max(out[t], starts[i])
-    return out.tolist()
+    return out
 
 
 def _remade_starts(prog: _Program, starts: np.ndarray) -> dict[int, int]:
@@ -515,8 +515,15 @@ def _replay(prog: _Program, times: _Times, start: dict[str, str]) -> _Replayed:
     pinned by running ops and stores), its remote copies and their versions, and every allocation.
 
     One loop with the handlers inline and the state in per-tensor lists: this is the executor's hot loop (a
-    call per event and an object per tensor were most of its time on 30k-op graphs).
+    call per event and an object per tensor were most of its time on 30k-op graphs). Long programs without
+    recompute steps go to the compiled loop first (``_replay_compiled``), which answers when they break no rule.
     """
+    arrays = times.arrays()
+    last_read = _last_read_starts(prog, arrays[0])
+    if prog.n > COMPILED_MIN_STEPS and not len(prog.recomputes):
+        got = _replay_compiled(prog, times, start, arrays, last_read)
+        if got is not None:
+            return got
     names, n_tensors = prog.names, prog.n_tensors
     alloc_names = prog.alloc_names
     target, stream, ends = prog.target, prog.stream, times.ends
@@ -533,8 +540,7 @@ def _replay(prog: _Program, times: _Times, start: dict[str, str]) -> _Replayed:
     dead = [False] * n_tensors
     remote: dict[int, dict[int, int]] = {}  # tensor -> {tier: version of the completed copy there}
     store_version: dict[int, int] = {}  # store step -> version it copies (-1: it copies nothing)
-    arrays = times.arrays()
-    last_read = _last_read_starts(prog, arrays[0])
+    last_read = last_read.tolist()
     remade = _remade_starts(prog, arrays[0])
     # The versions each recomputed op read when it first ran: a recomputation must read the same.
     redone = {prog.target[i] for i in prog.recomputes.tolist()}
@@ -558,10 +564,6 @@ def _replay(prog: _Program, times: _Times, start: dict[str, str]) -> _Replayed:
         allocs.append((k, t, 0, -1))
         alloc_end.append(-1)
 
-    if prog.n > COMPILED_MIN_STEPS and not len(prog.recomputes):
-        got = _replay_compiled(prog, times, start, arrays, last_read)
-        if got is not None:
-            return got
     ev_times, ev_codes, ev_idx = _events(prog, arrays)
     for now, code, i in zip(ev_times, ev_codes, ev_idx):
         if code == _E_DETACH:
@@ -769,7 +771,7 @@ def _kernel_columns(prog: _Program) -> dict:
 
 
 def _replay_compiled(prog: _Program, times: _Times, start: dict[str, str], arrays: tuple[np.ndarray, np.ndarray],
-                     last_read: list[int]) -> _Replayed | None:
+                     last_read: np.ndarray) -> _Replayed | None:
     """``_replay``'s result from the compiled loop, or None when the program breaks a rule (the Python replay then
     words each violation). Programs without recompute steps only."""
     k = _kernel_columns(prog)
@@ -798,7 +800,7 @@ def _replay_compiled(prog: _Program, times: _Times, start: dict[str, str], array
     ok, na = executor_kernel.replay(
         ev_t, ev_code, ev_idx, prog.target_a, np.array(prog.stream, dtype=np.int64), arrays[1],
         np.array(prog.link_src, dtype=np.int64), np.array(prog.link_dst, dtype=np.int64), *k["reads"], *k["outputs"],
-        *k["updates"], k["workspace"], k["persistent"], np.array(last_read, dtype=np.int64), prog.n, n_tensors, hbm,
+        *k["updates"], k["workspace"], k["persistent"], last_read, prog.n, n_tensors, hbm,
         resident, remote_v, opened, a_tier, a_aid, a_start, a_step, a_end, na, version)
     if not ok:
         return None
