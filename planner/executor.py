@@ -515,12 +515,12 @@ def _replay(prog: _Program, times: _Times, start: dict[str, str]) -> _Replayed:
     pinned by running ops and stores), its remote copies and their versions, and every allocation.
 
     One loop with the handlers inline and the state in per-tensor lists: this is the executor's hot loop (a
-    call per event and an object per tensor were most of its time on 30k-op graphs). Long programs without
-    recompute steps go to the compiled loop first (``_replay_compiled``), which answers when they break no rule.
+    call per event and an object per tensor were most of its time on 30k-op graphs). Long programs go to the
+    compiled loop first (``_replay_compiled``), which answers when they break no rule.
     """
     arrays = times.arrays()
     last_read = _last_read_starts(prog, arrays[0])
-    if prog.n > COMPILED_MIN_STEPS and not len(prog.recomputes):
+    if prog.n > COMPILED_MIN_STEPS:
         got = _replay_compiled(prog, times, start, arrays, last_read)
         if got is not None:
             return got
@@ -773,7 +773,7 @@ def _kernel_columns(prog: _Program) -> dict:
 def _replay_compiled(prog: _Program, times: _Times, start: dict[str, str], arrays: tuple[np.ndarray, np.ndarray],
                      last_read: np.ndarray) -> _Replayed | None:
     """``_replay``'s result from the compiled loop, or None when the program breaks a rule (the Python replay then
-    words each violation). Programs without recompute steps only."""
+    words each violation)."""
     k = _kernel_columns(prog)
     n_tiers, n_ids, n_tensors, hbm = len(prog.tiers), len(prog.alloc_names), prog.n_tensors, prog.hbm
     tier_index = {name: j for j, name in enumerate(prog.tiers)}
@@ -796,11 +796,16 @@ def _replay_compiled(prog: _Program, times: _Times, start: dict[str, str], array
         a_step[na] = -1
         na += 1
     version = np.zeros(n_tensors, dtype=np.int64)
+    remade = np.full(n_tensors, -1, dtype=np.int64)
+    for t, at in _remade_starts(prog, arrays[0]).items():
+        remade[t] = at
+    redone = np.zeros(len(prog.op_names), dtype=np.bool_)
+    redone[prog.target_a[prog.recomputes]] = True
     ev_t, ev_code, ev_idx = _event_arrays(prog, arrays)
     ok, na = executor_kernel.replay(
         ev_t, ev_code, ev_idx, prog.target_a, np.array(prog.stream, dtype=np.int64), arrays[1],
         np.array(prog.link_src, dtype=np.int64), np.array(prog.link_dst, dtype=np.int64), *k["reads"], *k["outputs"],
-        *k["updates"], k["workspace"], k["persistent"], last_read, prog.n, n_tensors, hbm,
+        *k["updates"], k["workspace"], k["persistent"], last_read, remade, redone, prog.n, n_tensors, hbm,
         resident, remote_v, opened, a_tier, a_aid, a_start, a_step, a_end, na, version)
     if not ok:
         return None

@@ -5,7 +5,7 @@ versions, remote copies, allocations) in arrays. It makes no Violation: at the f
 would report one it stops and returns ``False``, and the executor replays the program again in Python, which words
 every violation. A valid plan, what planners' passes run by the hundred, so costs a tenth of the Python loop
 (3.5 -> 0.3 ms a run on greedy's plan of deepseek-v3-nsa-64k-L3-1layer at 60%, 37 -> 3 ms on the 20k-op generated
-graph's). Programs with recompute steps keep the Python replay (they are short, and rare).
+graph's).
 
 Self-contained, as the other kernels (numba's cache notices changes to a function's own file only).
 """
@@ -16,7 +16,7 @@ import numpy as np
 from numba import njit
 
 # The executor's event codes (``planner/executor.py``).
-_E_OP_START, _E_OP_END, _E_PREFETCH_START, _E_STORE_START, _E_STORE_END, _E_DETACH, _E_DIES = range(7)
+_E_OP_START, _E_OP_END, _E_PREFETCH_START, _E_STORE_START, _E_STORE_END, _E_DETACH, _E_DIES, _E_REDO_START = range(8)
 
 
 @njit(cache=True)
@@ -27,24 +27,27 @@ def _append(a_tier, a_aid, a_start, a_step, na, tier, aid, now, step):  # pragma
 
 @njit(cache=True)
 def replay(ev_t, ev_code, ev_idx, target, stream, ends, link_src, link_dst, r_ptr, r_flat, o_ptr, o_flat,
-           u_ptr, u_flat, workspace, persistent, last_read, n, n_tensors, hbm, resident, remote_v, opened,
-           a_tier, a_aid, a_start, a_step, a_end, na, version):  # pragma: no cover - compiled
+           u_ptr, u_flat, workspace, persistent, last_read, remade, redone, n, n_tensors, hbm, resident, remote_v,
+           opened, a_tier, a_aid, a_start, a_step, a_end, na, version):  # pragma: no cover - compiled
     """Replay the events (time, code, step or ``n`` + tensor) from the state given (``resident``: per tensor;
     ``remote_v``: tensor x tier, the version of the completed copy there or -1; ``opened``: tier x allocation id,
     the open allocation or -1; the allocations' columns, ``na`` of them so far; ``version``: per tensor), changing
-    the state in place. Returns (no violation, the number of allocations); on a violation the state is partial."""
+    the state in place. ``remade``: per tensor, the latest start of a recompute step that makes it, or -1;
+    ``redone``: per op, whether a recompute step runs it again. Returns (no violation, the number of
+    allocations); on a violation the state is partial."""
     n_tiers = remote_v.shape[1]
     usable = np.zeros(n_tensors, dtype=np.int64)
     pins = np.zeros(n_tensors, dtype=np.int64)
     dead = np.zeros(n_tensors, dtype=np.bool_)
     store_version = np.full(n, -1, dtype=np.int64)
+    first_read = np.zeros(len(r_flat), dtype=np.int64)  # the versions a re-run op read when it first ran
     for k in range(len(ev_t)):
         now, code, i = ev_t[k], ev_code[k], ev_idx[k]
         if code == _E_DETACH:
             t = target[i]
             if not resident[t] or pins[t] > 0 or opened[hbm, t] < 0:
                 return False, na
-            if persistent[t] or last_read[t] >= now:
+            if (persistent[t] or last_read[t] >= now) and remade[t] < now:
                 kept = False
                 for q in range(n_tiers):
                     if remote_v[t, q] >= 0 and remote_v[t, q] == version[t]:
@@ -95,9 +98,34 @@ def replay(ev_t, ev_code, ev_idx, target, stream, ends, link_src, link_dst, r_pt
                 if not resident[t] or usable[t] > now:
                     return False, na
                 pins[t] += 1
+            if redone[o]:
+                for p in range(r_ptr[o], r_ptr[o + 1]):
+                    first_read[p] = version[r_flat[p]]
             end = ends[i]
             for p in range(o_ptr[o], o_ptr[o + 1]):
                 t = o_flat[p]
+                resident[t] = True
+                usable[t] = end
+                opened[hbm, t] = na
+                na = _append(a_tier, a_aid, a_start, a_step, na, hbm, t, now, i)
+            if workspace[o]:
+                w = n_tensors + o
+                opened[hbm, w] = na
+                na = _append(a_tier, a_aid, a_start, a_step, na, hbm, w, now, i)
+        elif code == _E_REDO_START:
+            o = target[i]
+            for p in range(r_ptr[o], r_ptr[o + 1]):
+                t = r_flat[p]
+                if not resident[t] or usable[t] > now or version[t] != first_read[p]:
+                    return False, na
+                pins[t] += 1
+            end = ends[i]
+            for p in range(o_ptr[o], o_ptr[o + 1]):
+                t = o_flat[p]
+                if resident[t]:
+                    continue
+                if version[t]:
+                    return False, na
                 resident[t] = True
                 usable[t] = end
                 opened[hbm, t] = na
