@@ -91,40 +91,24 @@ def replay(ev_t, ev_code, ev_idx, target, stream, ends, link_src, link_dst, r_pt
             usable[t] = ends[i]
             opened[hbm, t] = na
             na = _append(a_tier, a_aid, a_start, a_step, na, hbm, t, now, i)
-        elif code == _E_OP_START:
+        elif code == _E_OP_START or code == _E_REDO_START:
+            # A re-run reads the versions its op first read, and makes only the outputs not on HBM.
             o = target[i]
+            redo = code == _E_REDO_START
             for p in range(r_ptr[o], r_ptr[o + 1]):
                 t = r_flat[p]
-                if not resident[t] or usable[t] > now:
+                if not resident[t] or usable[t] > now or (redo and version[t] != first_read[p]):
                     return False, na
                 pins[t] += 1
-            if redone[o]:
+            if redone[o] and not redo:
                 for p in range(r_ptr[o], r_ptr[o + 1]):
                     first_read[p] = version[r_flat[p]]
             end = ends[i]
             for p in range(o_ptr[o], o_ptr[o + 1]):
                 t = o_flat[p]
-                resident[t] = True
-                usable[t] = end
-                opened[hbm, t] = na
-                na = _append(a_tier, a_aid, a_start, a_step, na, hbm, t, now, i)
-            if workspace[o]:
-                w = n_tensors + o
-                opened[hbm, w] = na
-                na = _append(a_tier, a_aid, a_start, a_step, na, hbm, w, now, i)
-        elif code == _E_REDO_START:
-            o = target[i]
-            for p in range(r_ptr[o], r_ptr[o + 1]):
-                t = r_flat[p]
-                if not resident[t] or usable[t] > now or version[t] != first_read[p]:
-                    return False, na
-                pins[t] += 1
-            end = ends[i]
-            for p in range(o_ptr[o], o_ptr[o + 1]):
-                t = o_flat[p]
-                if resident[t]:
+                if redo and resident[t]:
                     continue
-                if version[t]:
+                if redo and version[t]:
                     return False, na
                 resident[t] = True
                 usable[t] = end
