@@ -758,10 +758,10 @@ def _kernel_columns(prog: _Program) -> dict:
     got = cols.get("kernel")
     if got is None:
         def csr(per_op):
-            counts = np.fromiter(map(len, per_op), dtype=np.int64, count=len(per_op))
+            flat, op = _flatten(per_op)
             ptr = np.zeros(len(per_op) + 1, dtype=np.int64)
-            np.cumsum(counts, out=ptr[1:])
-            return ptr, np.fromiter(chain.from_iterable(per_op), dtype=np.int64, count=int(ptr[-1]))
+            np.cumsum(np.bincount(op, minlength=len(per_op)), out=ptr[1:])
+            return ptr, flat
         got = cols["kernel"] = {
             "reads": csr(prog.op_reads), "outputs": csr(prog.op_outputs), "updates": csr(prog.op_updates),
             "workspace": np.array(prog.op_workspace, dtype=np.int64),
