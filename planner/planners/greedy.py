@@ -156,7 +156,13 @@ def plan_greedy_timed(
             if out is not None:
                 return out
         contexts = auto_contexts(graph, hw, answers) if order == "auto" else [Context(graph, hw, order, answers)]
-        outs = [planned_with_context(ctx, settings, offsets=_flag(offsets)) for ctx in contexts]
+        outs: list[Planned] = []
+        for ctx in contexts:
+            # The best valid plan so far is what a later order's evictions against compactions must beat: on the
+            # 20k-op generated graph at 60% the second order's plan compacted 3,365 times, and the pass spent 13 s
+            # of greedy's 26 s on it for nothing.
+            best = min((o.timeline.metrics.makespan_ns for o in outs if not rank_planned(o)[0]), default=None)
+            outs.append(planned_with_context(ctx, settings, offsets=_flag(offsets), beat_ns=best))
         k = min(range(len(outs)), key=lambda k: rank_planned(outs[k]))
         outs[k] = with_early_weight_stores(contexts[k], settings, outs[k], offsets=_flag(offsets))
         if order == "auto":
