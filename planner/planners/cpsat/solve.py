@@ -500,7 +500,10 @@ def starting_plans(run: Run, start: str = "auto", windows: bool = False
                 outs, spent = [], []
                 for ctx in contexts:
                     t_ctx = time.monotonic()
-                    outs.append(planned_with_context(ctx, Settings(), deadline=run.deadline))
+                    # An order's evictions against compactions must beat the orders before it (greedy's rule).
+                    best_ns = min((o.timeline.metrics.makespan_ns for o in outs if not rank_planned(o)[0]),
+                                  default=None)
+                    outs.append(planned_with_context(ctx, Settings(), deadline=run.deadline, beat_ns=best_ns))
                     spent.append(time.monotonic() - t_ctx)
                     if outs[-1].plan.stats.get("deadline_cut"):
                         run.clock_cut()
