@@ -140,16 +140,10 @@ def test_on_a_plan_that_recomputes_every_break_gives_the_python_replays_timeline
 
 def test_a_re_run_after_an_in_place_update_of_its_input_is_stale_in_both_replays():
     # The re-run's own check (the versions its op first read); no broken greedy plan above reaches it.
-    from test_executor_recompute import ProgramBuilder, inplace_graph
+    from test_executor_recompute import ProgramBuilder, inplace_graph, stale_program
 
-    pb = ProgramBuilder()
-    pb.compute("p")
-    pb.detach("y")
-    pb.compute("u")
-    pb.recompute("p")
-    pb.compute("c")
     g = inplace_graph()
-    python, compiled, answered = _both(g, simple_hardware(hbm=1000), pb.build("inplace", "hand"))
+    python, compiled, answered = _both(g, simple_hardware(hbm=1000), stale_program())
     _assert_same(python, compiled)
     assert [v.kind for v in python.violations] == ["stale_recompute"] and not answered
     # The same program with the update after the re-run is valid, and the compiled loop answers it.

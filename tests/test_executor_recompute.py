@@ -97,14 +97,19 @@ def inplace_graph() -> Graph:
     return Graph.build("inplace", tensors, ops)
 
 
-def test_recompute_after_an_inplace_update_of_its_input_is_stale():
+def stale_program():
+    """``inplace_graph``'s y dropped, w updated, then p re-run to make y again: it would read the new w."""
     pb = ProgramBuilder()
     pb.compute("p")
     pb.detach("y")
     pb.compute("u")
     pb.recompute("p")
     pb.compute("c")
-    tl = simulate(inplace_graph(), simple_hardware(hbm=1000), pb.build("inplace", "hand"))
+    return pb.build("inplace", "hand")
+
+
+def test_recompute_after_an_inplace_update_of_its_input_is_stale():
+    tl = simulate(inplace_graph(), simple_hardware(hbm=1000), stale_program())
     assert kinds(tl) == ["stale_recompute"]
 
 

@@ -55,6 +55,7 @@ from planner.planners.greedy import (
     answers_of,
     auto_contexts,
     build_plan,
+    fastest_valid_ns,
     plan_greedy,
     planned_with_context,
     rank_planned,
@@ -501,9 +502,8 @@ def starting_plans(run: Run, start: str = "auto", windows: bool = False
                 for ctx in contexts:
                     t_ctx = time.monotonic()
                     # An order's evictions against compactions must beat the orders before it (greedy's rule).
-                    best_ns = min((o.timeline.metrics.makespan_ns for o in outs if not rank_planned(o)[0]),
-                                  default=None)
-                    outs.append(planned_with_context(ctx, Settings(), deadline=run.deadline, beat_ns=best_ns))
+                    outs.append(planned_with_context(ctx, Settings(), deadline=run.deadline,
+                                                     beat_ns=fastest_valid_ns(outs)))
                     spent.append(time.monotonic() - t_ctx)
                     if outs[-1].plan.stats.get("deadline_cut"):
                         run.clock_cut()
