@@ -211,7 +211,7 @@ class Context:
         self.unused_remote = {t: self.tiers[0] for t in graph.free_tensors if not acc[t] and self.tiers}
         # Free tensors placed remote by the current selection (their wrap-around gap is taken): tensor -> tier.
         self.wrapped: dict[str, str] = {}
-        # Every gap's links as columns (``LinkCalendar.link_columns``), made on first use.
+        # Every gap's links as columns (``LinkCalendar.link_columns``), each made on first use (and a mask of those).
         self.gap_links: tuple[np.ndarray, ...] | None = None
         self.spans = {t: self._span(t) for t in graph.tensors}
         self.base = self._baseline()
@@ -486,6 +486,8 @@ EVICT_RULES = ("stall", "belady")
 TAKE_CHUNK = 64
 # Graphs of more ops than this book transfers in a compiled loop (``greedy_kernel.take_slots``: the same booking).
 COMPILED_MIN_OPS = 5000
+# The distance rule's first block of candidates checked at once (``LinkCalendar.fit``; then 4x more at a time).
+FIT_BLOCK = 256
 # ``LinkCalendar``'s ``at`` for a gap taken for every op over the budget in its span, not for one op.
 OVER_BUDGET = -1
 
@@ -579,18 +581,21 @@ class LinkCalendar:
         fetch ns, whether the gap has no stall of its own); a link by its position in ``free``, -1 for none.
 
         Every gap's columns are kept in the Context (the selections of every budget and setting share them), but
-        those of the tensors whose starting tier the selection decides, which are made again here."""
+        those of the tensors whose starting tier the selection decides."""
         ctx = self.ctx
-        kept = ctx.gap_links
-        if kept is None:
-            kept = ctx.gap_links = self._columns(np.arange(len(ctx.gaps)))
-        *columns, placed = kept
-        columns = [c[ks] for c in columns]
-        redo = np.flatnonzero(placed[ks])
-        if len(redo):
-            for c, fresh in zip(columns, self._columns(ks[redo])[:4]):
-                c[redo] = fresh
-        return tuple(columns)
+        if ctx.gap_links is None:
+            m = len(ctx.gaps)
+            ints = [np.full(m, -1, dtype=np.int64), np.zeros(m, dtype=np.int64)] * 2  # link, ns: store, fetch
+            ctx.gap_links = (*(c.copy() for c in ints), *(np.zeros(m, dtype=bool) for _ in range(3)))
+        *kept, placed, known = ctx.gap_links
+        # Made on first use (a selection that finds its gaps early asks for few), and again each time for the
+        # tensors whose starting tier the selection decides.
+        todo = ks[~known[ks] | placed[ks]]
+        if len(todo):
+            for c, fresh in zip((*kept, placed), self._columns(todo)):
+                c[todo] = fresh
+            known[todo] = True
+        return tuple(c[ks] for c in kept)
 
     def _columns(self, ks: np.ndarray) -> tuple[np.ndarray, ...]:
         """``link_columns`` of ``ks`` from ``links``, and whether each gap's tensor has a starting tier the selection
@@ -828,17 +833,19 @@ def select_gaps(
         pool = np.array(sorted(np.flatnonzero(ok).tolist(), key=tab.rank.__getitem__), dtype=np.int64)
         # In rank order, each gap that fits the links as they stand then, up to ``select_num``. Booking only takes
         # link time away, so the gaps between two takes all see the links as the first take left them: they are
-        # checked together, and again from the next gap after each take.
-        columns = cal.link_columns(pool)
-        taken, p = 0, 0
+        # checked together, a block at a time (growing while none is taken: where the first candidates fit, as on
+        # the 38.8k-op graph with weights on host, the rest are never looked at), and again after each take.
+        taken, p, block = 0, 0, FIT_BLOCK
         while taken < select_num and p < len(pool):
-            for h in np.flatnonzero(cal.fit(pool[p:], rule, tuple(c[p:] for c in columns))).tolist():
-                if take(ctx.gaps[int(pool[p + h])], rule):
+            part = pool[p:p + block]
+            for h in np.flatnonzero(cal.fit(part, rule, cal.link_columns(part))).tolist():
+                if take(ctx.gaps[int(part[h])], rule):
                     taken += 1
                     p += h + 1
                     break
             else:
-                break
+                p += len(part)
+                block *= 4
 
     def sweep(L: np.ndarray, rng, ranges: tuple[np.ndarray, np.ndarray]) -> int | None:
         # Candidates by (lo, hi, index); in the heap by (stall, rank): the estimated stall, then (-gap time,
