@@ -545,10 +545,14 @@ class LinkCalendar:
         if got is not None:
             return got
         got = self._links(gap)
-        t = gap.tensor
-        if t in self.ctx.graph.producer or self.ctx.graph.tensors[t].pinned:
+        if not self._placed(gap):
             self.fixed_links[gap.index] = got
         return got
+
+    def _placed(self, gap: Gap) -> bool:
+        """Whether the gap's tensor starts on a tier the selection decides (a free tensor): its links may change."""
+        graph = self.ctx.graph
+        return gap.tensor not in graph.producer and not graph.tensors[gap.tensor].pinned
 
     def _links(self, gap: Gap) -> tuple[str | None, int, str | None, int]:
         ctx = self.ctx
@@ -610,7 +614,6 @@ class LinkCalendar:
         tf = np.zeros(m, dtype=np.int64)
         own = np.zeros(m, dtype=bool)
         placed = np.zeros(m, dtype=bool)
-        producer, tensors = ctx.graph.producer, ctx.graph.tensors
         for j, k in enumerate(ks.tolist()):
             gap = gaps[k]
             store, ts[j], fetch, tf[j] = self._links(gap)
@@ -619,7 +622,7 @@ class LinkCalendar:
             if fetch is not None:
                 f_link[j] = link_id[fetch]
             own[j] = gap.stall == 0
-            placed[j] = gap.tensor not in producer and not tensors[gap.tensor].pinned
+            placed[j] = self._placed(gap)
         return s_link, ts, f_link, tf, own, placed
 
     def fit(self, ks: np.ndarray, at: int | None, columns: tuple[np.ndarray, ...]) -> np.ndarray:
@@ -628,9 +631,9 @@ class LinkCalendar:
         ``columns``: ``link_columns(ks)`` (the links a gap uses do not change while the distance rule runs: it
         places no tensor).
 
-        The distance rule asks this of every candidate in turn (two million calls per plan on the 29k-op graph, a
-        third of greedy's time); asked of them all at once, through one prefix sum per link, it costs a few array
-        passes per gap taken. ``at`` is None or ``OVER_BUDGET``."""
+        The distance rule asked ``stall`` of every candidate in turn (two million calls per plan on the 29k-op graph,
+        a third of greedy's time); it now asks this of a block of them, through one prefix sum per link, a few array
+        passes per block. ``at`` is None or ``OVER_BUDGET``."""
         s_link, ts, f_link, tf, own = columns
         n = self.ctx.n
         prefix = np.zeros((len(self.free), n + 1), dtype=np.int64)
