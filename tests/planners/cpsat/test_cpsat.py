@@ -811,3 +811,28 @@ def test_the_starts_pass_through_the_stores_pass_only_before_the_window_search(m
     (best, best_tl), _seed = solve.starting_plans(run, "auto", windows=windows)
     assert best_tl.valid and simulate(g, hw, best).valid
     assert bool(calls) == windows
+
+
+def test_where_the_sweep_does_not_fit_greedy_with_beladys_rule_is_a_start_when_it_fits(monkeypatch):
+    """On graphs whose sweep does not fit the limit (the full deepseek-v3-nsa-64k: 102 s), greedy's best order is
+    planned once more with Belady's eviction rule, the sweep's other rule, when one full plan fits in its share of
+    the time left (there: 20,657.83 against 22,156.03 ms at the defaults); a note says when it does not. One worker:
+    the estimates count from the op count and the limit, not the clock."""
+    from planner.planners.cpsat.run import RESERVE
+    from planner.planners.greedy import answers_of
+
+    g = api.load_graph(GRAPHS / "transformer_block.json")
+    hw = api.hardware("ascend-910c", hbm=_budget(g, 0.6))
+    ctxs = auto_contexts(g, hw, answers_of(True, True))
+    monkeypatch.setattr(solve, "SWEEP_LIMIT_SHARE", 0.0)  # no sweep fits
+    for room, planned in ((40.0, True), (0.1, False)):  # seconds left; a full plan is estimated at about 1 s
+        run = Run.start(g, hw, time_limit=60, workers=1)
+        run.start_s = run.time_limit * (1 - RESERVE) - room  # the time left
+        cands: list = []
+        solve._start_sweep(run, [(c, 0.0) for c in ctxs], cands)
+        assert any("default settings only" in n for n in run.notes)
+        assert [p.options["evict"] for p, _tl in cands] == (["belady"] if planned else [])
+        for plan, tl in cands:
+            assert plan.options["order"] == ctxs[0].order_name
+            assert tl.valid and simulate(g, hw, plan).valid
+        assert any("Belady's eviction rule is not a starting plan" in n for n in run.notes) == (not planned)
