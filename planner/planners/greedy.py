@@ -277,7 +277,7 @@ def plan_with_context(ctx: Context, settings: Settings, offsets: bool = True, na
 
 
 def planned_with_context(ctx: Context, settings: Settings, offsets: bool = True, name: str = "greedy",
-                         deadline: float | None = None, beat_ns: int | None = None) -> Planned:
+                         deadline: float | None = None, beat_ns: int | None = None, finer: bool = False) -> Planned:
     """Plan with a prepared Context; the plan and its full timeline.
 
     When nothing has to leave HBM (the no-offload plan fits the budget) that plan is a candidate too: the
@@ -287,15 +287,18 @@ def planned_with_context(ctx: Context, settings: Settings, offsets: bool = True,
     ``deadline`` (``time.monotonic()``; for callers with a time limit, such as cpsat's starting plan): no replanning
     for a lower budget when static offsets do not fit starts unless it can end by then, as the first plan took.
     ``beat_ns``: a makespan the caller has already (a sweep's best so far); the evictions against compactions
-    (``planner/defrag.py``) are not searched for a plan they cannot bring below it.
+    (``planner/defrag.py``) are not searched for a plan they cannot bring below it. ``finer``: on graphs above
+    ``REFINE_MAX_OPS`` too, once a lower budget's offsets fit, plan halfway back up towards the lowest budget whose
+    offsets did not, as on smaller graphs, while ``_cheap`` allows (for a caller with time left over: each plan
+    costs 5 to 10 s on 29k ops).
     """
     with gc_paused():
-        return _planned_with_context(ctx, settings, offsets, name, deadline, beat_ns)
+        return _planned_with_context(ctx, settings, offsets, name, deadline, beat_ns, finer)
 
 
 def _planned_with_context(ctx: Context, settings: Settings, offsets: bool, name: str, deadline: float | None,
-                          beat_ns: int | None = None) -> Planned:
-    out = _plan_offloading(ctx, settings, offsets, name, deadline, beat_ns)
+                          beat_ns: int | None = None, finer: bool = False) -> Planned:
+    out = _plan_offloading(ctx, settings, offsets, name, deadline, beat_ns, finer)
     plan = out.plan
     # Cheap necessary conditions first (the no-offload program and its run cost seconds on 30k-op graphs): the
     # no-offload order's live bytes without what starts remote, and what that program holds when the step ends.
@@ -322,11 +325,11 @@ def no_offload_end_bytes(graph: Graph) -> int:
 
 
 def _plan_offloading(ctx: Context, settings: Settings, offsets: bool, name: str, deadline: float | None = None,
-                     beat_ns: int | None = None) -> Planned:
+                     beat_ns: int | None = None, finer: bool = False) -> Planned:
     """The plan with its offsets (``_placed``), or on graphs up to ``CHAINS_MAX_OPS`` ops the recompute chains run
     with addresses (static offsets that fit by construction) when that is faster: where fragmentation leaves a plan
     to the caching allocator, or makes it plan for a lower budget."""
-    out = _placed(ctx, settings, offsets, name, deadline, beat_ns)
+    out = _placed(ctx, settings, offsets, name, deadline, beat_ns, finer)
     if not (offsets and ctx.answers.recompute and ctx.n <= CHAINS_MAX_OPS and chains_apply(ctx)):
         return out
     if out.timeline.valid and out.timeline.metrics.allocator == "static" and out.plan.stats.get(
@@ -342,7 +345,7 @@ def _plan_offloading(ctx: Context, settings: Settings, offsets: bool, name: str,
 
 
 def _placed(ctx: Context, settings: Settings, offsets: bool, name: str, deadline: float | None = None,
-            beat_ns: int | None = None) -> Planned:
+            beat_ns: int | None = None, finer: bool = False) -> Planned:
     t0 = time.monotonic()
     budget = ctx.hw.hbm_bytes
     g, hw = ctx.graph, ctx.hw
@@ -361,11 +364,12 @@ def _placed(ctx: Context, settings: Settings, offsets: bool, name: str, deadline
         ctx.table  # noqa: B018 - built once here, the child inherits it (1 s on the 38.8k-op graph), not twice
     with Background(_replan, ctx, settings, first_replan, name, ctx.answers, None) if beside else nullcontext(
             ) as spec:
-        return _placed_from(ctx, settings, offsets, name, deadline, t0, floor, first_replan, spec, beat_ns)
+        return _placed_from(ctx, settings, offsets, name, deadline, t0, floor, first_replan, spec, beat_ns, finer)
 
 
 def _placed_from(ctx: Context, settings: Settings, offsets: bool, name: str, deadline: float | None, t0: float,
-                 floor: int, first_replan: int | None, spec: Background | None, beat_ns: int | None) -> Planned:
+                 floor: int, first_replan: int | None, spec: Background | None, beat_ns: int | None,
+                 finer: bool = False) -> Planned:
     g, hw = ctx.graph, ctx.hw
     budget = hw.hbm_bytes
     plan, timeline, answers, windows_cut = _plan_checked(ctx, settings, budget, name)
@@ -411,7 +415,8 @@ def _placed_from(ctx: Context, settings: Settings, offsets: bool, name: str, dea
             # Between a budget too low (or one that fits) and one that does not fit: halfway, on small graphs (a
             # plan for a lower budget is usually slower, and the recompute chains run out of room before the gap
             # selection does).
-            if not refine or attempt >= OFFSET_RETRIES + REFINE_RETRIES or unplaced - low <= hw.hbm_bytes // 100:
+            if not (refine or finer) or attempt >= OFFSET_RETRIES + REFINE_RETRIES or (
+                    unplaced - low <= hw.hbm_bytes // 100):
                 break
             if not _cheap(t0, deadline):
                 cut = True

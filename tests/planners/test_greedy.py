@@ -372,6 +372,43 @@ def test_on_large_graphs_a_replan_for_the_offsets_keeps_the_answers_the_full_bud
     assert len(later) == len(budgets) - 1 and len(set(later)) == 1 and later[0] in full  # the answers that won
 
 
+def test_finer_searches_the_offsets_budget_halfway_back_up_on_large_graphs_too(monkeypatch):
+    """``finer`` (cpsat's starting plan, with time left over): above ``REFINE_MAX_OPS`` ops, once a lower budget's
+    static offsets fit, a budget halfway back up towards the lowest one whose offsets did not is planned too, as on
+    small graphs; the plan returned is the fastest whose offsets fit, so no slower than without. Lowered here so
+    that a 1k-op graph takes that path."""
+    import planner.planners.greedy as greedy
+    from planner import offsets_search
+    from planner.planners.greedy import Settings, planned_with_context
+    from planner.planners.greedy_select import Context
+
+    g = api.load_graph(GRAPHS / "llama3-8b-no2-4layers.json")
+    hw = api.hardware("ascend-910c", hbm="7.75GB")
+    budgets: dict[bool, list[int]] = {False: [], True: []}
+    build = greedy.build_plan
+    finer = False
+
+    def recording(ctx, settings, budget, name="greedy", answers=None, cut_windows=True):
+        budgets[finer].append(budget)
+        return build(ctx, settings, budget, name, answers, cut_windows)
+
+    monkeypatch.setattr(greedy, "build_plan", recording)
+    monkeypatch.setattr(greedy, "REFINE_MAX_OPS", 0)
+    monkeypatch.setattr(greedy, "can_fork", lambda: False)
+    monkeypatch.setattr(offsets_search, "SEARCH_MAX_BLOCKS", 0)
+    coarse = planned_with_context(Context(g, hw, "auto"), Settings())
+    finer = True
+    fine = planned_with_context(Context(g, hw, "auto"), Settings(), finer=True)
+    for out in (coarse, fine):
+        assert out.timeline.valid and out.timeline.metrics.allocator == "static" and simulate(g, hw, out.plan).valid
+    # Without ``finer`` the offsets fit at the lowest budget tried (here 6.94 GB, after 7.19); with it, budgets between
+    # that one and the lowest that did not fit are tried too (7.06 and 7.12 GB, which fits: 858.92 against 864.26 ms).
+    lowest = min(budgets[False])
+    assert coarse.plan.stats["offset_attempts"] > 1 and lowest < hw.hbm_bytes
+    assert any(lowest < b < hw.hbm_bytes for b in set(budgets[True]) - set(budgets[False]))
+    assert fine.timeline.metrics.makespan_ns <= coarse.timeline.metrics.makespan_ns
+
+
 def test_on_large_graphs_the_replan_beside_the_first_plan_gives_the_plan_planning_in_turn_gives(monkeypatch):
     """The first replan for the offsets on a large graph runs in a forked child beside the first plan
     (``planner.background``); the plan must be the very one the same planner makes with no second core."""

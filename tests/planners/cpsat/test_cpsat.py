@@ -4,6 +4,7 @@ determinism, the time limit, fallbacks, the LNS path and the hint's feasibility.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -836,3 +837,38 @@ def test_where_the_sweep_does_not_fit_greedy_with_beladys_rule_is_a_start_when_i
             assert plan.options["order"] == ctxs[0].order_name
             assert tl.valid and simulate(g, hw, plan).valid
         assert any("Belady's eviction rule is not a starting plan" in n for n in run.notes) == (not planned)
+
+
+def test_the_fastest_start_placed_for_a_lower_budget_is_planned_again_closer_to_the_budget_when_time_is_left(
+        monkeypatch):
+    """Where the sweep does not fit, the fastest starting plan, if greedy planned it for a lower budget so that its
+    static offsets fit, is planned again with ``finer`` (that budget searched halfway back up) when the time left
+    allows: on the full deepseek-v3-nsa-64k at 49.1 GB (2 workers, 120 s) 20,657.83 -> 20,151.26 ms. Here a 1k-op
+    graph counts as large (``REFINE_MAX_OPS`` lowered), offsets by best fit alone."""
+    import planner.planners.greedy as greedy
+    from planner import offsets_search
+    from planner.planners.cpsat.run import RESERVE
+    from planner.planners.greedy import Settings, planned_with_context
+
+    monkeypatch.setattr(greedy, "REFINE_MAX_OPS", 0)
+    monkeypatch.setattr(greedy, "can_fork", lambda: False)
+    monkeypatch.setattr(offsets_search, "SEARCH_MAX_BLOCKS", 0)
+    g = api.load_graph(GRAPHS / "llama3-8b-no2-4layers.json")
+    hw = api.hardware("ascend-910c", hbm="7.75GB")
+    ctx = auto_contexts(g, hw)[0]
+    out = planned_with_context(ctx, Settings())
+    assert out.plan.stats["offset_attempts"] > 1
+    for room, planned in ((1000.0, True), (1.0, False)):
+        run = Run.start(g, hw, time_limit=2000, workers=1)
+        run.start_s = run.time_limit * (1 - RESERVE) - room  # seconds left
+        got = solve._finer_start(run, ctx, 1.0, [(out.plan, out.timeline)])
+        assert len(got) == planned
+        assert any("not searched closer" in n for n in run.notes) == (not planned)
+        for plan, tl in got:
+            assert tl.valid and simulate(g, hw, plan).valid and tl.metrics.allocator == "static"
+            assert tl.metrics.makespan_ns < out.timeline.metrics.makespan_ns
+            assert {k: plan.options[k] for k in Settings().as_dict()} == Settings().as_dict()
+    # A start whose offsets fit at the budget has nothing to search.
+    placed = replace(out.plan, stats={**out.plan.stats, "offset_attempts": 1})
+    run = Run.start(g, hw, time_limit=2000, workers=1)
+    assert solve._finer_start(run, ctx, 1.0, [(placed, out.timeline)]) == [] and not run.notes
