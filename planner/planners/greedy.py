@@ -412,9 +412,9 @@ def _placed_from(ctx: Context, settings: Settings, offsets: bool, name: str, dea
         if static is not None and attempt == 0:
             break  # placed at the full budget
         if low is not None:
-            # Between a budget too low (or one that fits) and one that does not fit: halfway, on small graphs (a
-            # plan for a lower budget is usually slower, and the recompute chains run out of room before the gap
-            # selection does).
+            # Between a budget too low (or one that fits) and one that does not fit: halfway, on small graphs or
+            # when asked (``finer``) (a plan for a lower budget is usually slower, and the recompute chains run out of
+            # room before the gap selection does).
             if not (refine or finer) or attempt >= OFFSET_RETRIES + REFINE_RETRIES or (
                     unplaced - low <= hw.hbm_bytes // 100):
                 break

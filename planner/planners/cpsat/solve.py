@@ -947,51 +947,44 @@ def _start_sweep(run: Run, contexts: list[tuple[Context, float]], cands: list[tu
 
 def _belady_start(run: Run, ctx: Context, full_s: float, cands: list[tuple[Plan, Timeline]]
                   ) -> list[tuple[Plan, Timeline]]:
-    """Greedy's plan in ``ctx``'s order with Belady's eviction rule, as a starting candidate ([] when one full plan,
-    estimated at ``full_s``, does not fit in ``BELADY_SHARE`` of the time left): where the sweep does not fit, the
-    one point of it that is not a distance. Its evictions against compactions must beat the fastest candidate."""
-    if not _affordable(run, full_s, BELADY_SHARE):
-        run.notes.append(f"greedy with Belady's eviction rule is not a starting plan: about {full_s:.0f} s, more than "
-                         "the time left allows")
-        return []
-    run.start_s += full_s if run.deterministic else 0.0
-    try:
-        out = planned_with_context(ctx, Settings(evict="belady"), deadline=run.deadline,
-                                   beat_ns=min((tl.metrics.makespan_ns for _p, tl in cands if tl.valid), default=None))
-    except KeyboardInterrupt:
-        if not any(tl.valid for _p, tl in cands):
-            raise
-        run.interrupt()
-        return []
-    if out.plan.stats.get("deadline_cut"):
-        run.clock_cut()
-    return [(out.plan, out.timeline)]
+    """Greedy's plan in ``ctx``'s order with Belady's eviction rule, as a starting candidate, when one full plan
+    (``full_s``) fits: where the sweep does not fit, the one point of it that is not a distance."""
+    return _greedy_start(run, ctx, Settings(evict="belady"), full_s, cands,
+                         "greedy with Belady's eviction rule is not a starting plan")
 
 
 def _finer_start(run: Run, ctx: Context, full_s: float, cands: list[tuple[Plan, Timeline]]
                  ) -> list[tuple[Plan, Timeline]]:
     """The fastest starting plan, when greedy planned it for a lower budget so that its static offsets fit, planned
     again searching that budget closer to the HBM budget (``planned_with_context``'s ``finer``), as a starting
-    candidate; [] when there is none such, or when ``FINER_RUNS`` full plans of ``full_s`` do not fit in
-    ``BELADY_SHARE`` of the time left (a note says so)."""
+    candidate, when ``FINER_RUNS`` full plans of ``full_s`` fit; [] when there is no such plan."""
     valid = [(p, tl) for p, tl in cands if tl.valid]
     if not valid:
         return []
-    best, best_tl = min(valid, key=lambda c: c[1].metrics.speed_key)
+    best = min(valid, key=lambda c: c[1].metrics.speed_key)[0]
     if (best.planner != "greedy" or best.options.get("order") != ctx.order_name
             or best.stats.get("offset_attempts", 1) <= 1):
         return []
-    cost = FINER_RUNS * full_s
-    if not _affordable(run, cost, BELADY_SHARE):
-        run.notes.append(f"the static offsets' budget was not searched closer to the HBM budget: about {cost:.0f} s, "
-                         "more than the time left allows")
-        return []
-    run.start_s += cost if run.deterministic else 0.0
     settings = Settings(**{k: best.options[k] for k in Settings().as_dict()})
+    return _greedy_start(run, ctx, settings, FINER_RUNS * full_s, cands,
+                         "the static offsets' budget was not searched closer to the HBM budget", finer=True)
+
+
+def _greedy_start(run: Run, ctx: Context, settings: Settings, estimate_s: float, cands: list[tuple[Plan, Timeline]],
+                  refused: str, finer: bool = False) -> list[tuple[Plan, Timeline]]:
+    """Greedy's plan in ``ctx`` at ``settings`` (with its deadline, and the fastest valid candidate's makespan as the
+    mark its evictions against compactions must beat), as a starting candidate, when ``estimate_s`` fits in
+    ``BELADY_SHARE`` of the time left; else [] and the note ``refused``."""
+    if not _affordable(run, estimate_s, BELADY_SHARE):
+        run.notes.append(f"{refused}: about {estimate_s:.0f} s, more than the time left allows")
+        return []
+    run.start_s += estimate_s if run.deterministic else 0.0
     try:
-        out = planned_with_context(ctx, settings, deadline=run.deadline, beat_ns=best_tl.metrics.makespan_ns,
-                                   finer=True)
+        out = planned_with_context(ctx, settings, deadline=run.deadline, finer=finer, beat_ns=min(
+            (tl.metrics.makespan_ns for _p, tl in cands if tl.valid), default=None))
     except KeyboardInterrupt:
+        if not any(tl.valid for _p, tl in cands):
+            raise
         run.interrupt()
         return []
     if out.plan.stats.get("deadline_cut"):
