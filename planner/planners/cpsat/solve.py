@@ -51,6 +51,7 @@ from planner.planners.cpsat.model import Model, whole_frame
 from planner.planners.cpsat.run import DET_PER_WALL, FINAL_RUNS, RESERVE, SIM_S_PER_OP, Progress, Run
 from planner.planners.cpsat.variables import is_const
 from planner.planners.greedy import (
+    REFINE_MAX_OPS,
     Settings,
     answers_of,
     auto_contexts,
@@ -116,7 +117,7 @@ DEFERRED_SHARE_MIN_S = 30.0
 # sweep's +54.6%. At 0.5 the sweep with one finalist (22 s estimated, 43 s left) was skipped on
 # deepseek-v3-nsa-128k-L3-1layer at 60% (2 workers, 60 s): 1559.2 ms against the sweep's 1255.6.
 SWEEP_AFFORDABLE_SHARE = 0.6
-# Where the sweep does not fit (graphs of tens of thousands of ops), greedy's best order is planned once more with
+# Where the sweep does not fit on graphs above greedy's REFINE_MAX_OPS, greedy's best order is planned once more with
 # Belady's eviction rule when that fits in this share of the time left. On the full deepseek-v3-nsa-64k (29k ops)
 # at 49.1 GB: 20,657.83 ms against 22,156.03 ms at greedy's defaults, in 9.7 s (the defaults took 17.6 s), where the
 # window search, which the time went to before, gains nothing (2026-12-07).
@@ -931,8 +932,12 @@ def _start_sweep(run: Run, contexts: list[tuple[Context, float]], cands: list[tu
         points, full = costs[0]
         run.notes.append(f"greedy at its default settings only: its sweep ({npoints} points and a finalist, about "
                          f"{points + full:.0f} s) does not fit in the time limit")
-        cands += _belady_start(run, contexts[0][0], full, cands)
-        cands += _finer_start(run, contexts[0][0], full, cands)
+        if len(g.ops) > REFINE_MAX_OPS:
+            # Large graphs only: on small ones a sweep that does not fit means a short limit, which the whole model
+            # or the windows put to better use (transformer_block at 1 GB with 10 s: no time was left for the whole
+            # model after both), and greedy already searches the offsets' budget halfway back up there.
+            cands += _belady_start(run, contexts[0][0], full, cands)
+            cands += _finer_start(run, contexts[0][0], full, cands)
         return
     try:
         # Every finalist: the pass that issues Stores earlier can reorder them (``_polished_starts``).
