@@ -933,9 +933,9 @@ def _start_sweep(run: Run, contexts: list[tuple[Context, float]], cands: list[tu
         run.notes.append(f"greedy at its default settings only: its sweep ({npoints} points and a finalist, about "
                          f"{points + full:.0f} s) does not fit in the time limit")
         if len(g.ops) > REFINE_MAX_OPS:
-            # Large graphs only: on small ones a sweep that does not fit means a short limit, which the whole model
-            # or the windows put to better use (transformer_block at 1 GB with 10 s: no time was left for the whole
-            # model after both), and greedy already searches the offsets' budget halfway back up there.
+            # Large graphs only, where both were measured: on small ones a sweep that does not fit means a short
+            # limit, left to the whole model or the windows, and greedy already searches the offsets' budget halfway
+            # back up there.
             cands += _belady_start(run, contexts[0][0], full, cands)
             cands += _finer_start(run, contexts[0][0], full, cands)
         return
