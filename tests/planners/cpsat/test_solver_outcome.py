@@ -99,13 +99,17 @@ def test_ctrl_c_in_the_whole_model_solve_keeps_the_best_solution_so_far():
     g = api.load_graph(TB)
     hw = api.hardware("ascend-910c", hbm="1GB")
 
+    pressed: list[float] = []
+
     def progress(d: dict) -> None:
         if d.get("phase") == "solve" and d.get("incumbent_us") is not None:
+            pressed.append(time.monotonic())
             raise KeyboardInterrupt
 
-    t0 = time.monotonic()
     plan = plan_cpsat(g, hw, time_limit=30, progress=progress)
-    assert time.monotonic() - t0 < 15
+    # Counted from the key, not from the start: the start phases took 9 s of the 30 alone, and beside another test
+    # run twice that, which failed a check from the start (< 15 s) with the interrupt itself prompt.
+    assert pressed and time.monotonic() - pressed[0] < 5
     assert simulate(g, hw, plan).valid
     assert INTERRUPTED_NOTE in plan.notes
     o = solver_outcome(plan)
