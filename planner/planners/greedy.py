@@ -277,7 +277,7 @@ def plan_with_context(ctx: Context, settings: Settings, offsets: bool = True, na
 
 
 def planned_with_context(ctx: Context, settings: Settings, offsets: bool = True, name: str = "greedy",
-                         deadline: float | None = None, beat_ns: int | None = None, finer: bool = False) -> Planned:
+                         deadline: float | None = None, beat_ns: int | None = None, finer: int = 0) -> Planned:
     """Plan with a prepared Context; the plan and its full timeline.
 
     When nothing has to leave HBM (the no-offload plan fits the budget) that plan is a candidate too: the
@@ -288,16 +288,17 @@ def planned_with_context(ctx: Context, settings: Settings, offsets: bool = True,
     for a lower budget when static offsets do not fit starts unless it can end by then, as the first plan took.
     ``beat_ns``: a makespan the caller has already (a sweep's best so far); the evictions against compactions
     (``planner/defrag.py``) are not searched for a plan they cannot bring below it. ``finer``: on graphs above
-    ``REFINE_MAX_OPS`` too, once a lower budget's offsets fit, plan halfway back up towards the lowest budget whose
-    offsets did not, as on smaller graphs, while ``_cheap`` allows (for a caller with time left over: each plan
-    costs 5 to 10 s on 29k ops).
+    ``REFINE_MAX_OPS`` too, once a lower budget's offsets fit, plan up to this many budgets halfway back up towards
+    the lowest budget whose offsets did not, as on smaller graphs, while ``_cheap`` allows (for a caller with time
+    left over: each plan costs 5 to 10 s on 29k ops; a count, not the clock, so that a deterministic caller gets the
+    same plan every run).
     """
     with gc_paused():
         return _planned_with_context(ctx, settings, offsets, name, deadline, beat_ns, finer)
 
 
 def _planned_with_context(ctx: Context, settings: Settings, offsets: bool, name: str, deadline: float | None,
-                          beat_ns: int | None = None, finer: bool = False) -> Planned:
+                          beat_ns: int | None = None, finer: int = 0) -> Planned:
     out = _plan_offloading(ctx, settings, offsets, name, deadline, beat_ns, finer)
     plan = out.plan
     # Cheap necessary conditions first (the no-offload program and its run cost seconds on 30k-op graphs): the
@@ -325,7 +326,7 @@ def no_offload_end_bytes(graph: Graph) -> int:
 
 
 def _plan_offloading(ctx: Context, settings: Settings, offsets: bool, name: str, deadline: float | None = None,
-                     beat_ns: int | None = None, finer: bool = False) -> Planned:
+                     beat_ns: int | None = None, finer: int = 0) -> Planned:
     """The plan with its offsets (``_placed``), or on graphs up to ``CHAINS_MAX_OPS`` ops the recompute chains run
     with addresses (static offsets that fit by construction) when that is faster: where fragmentation leaves a plan
     to the caching allocator, or makes it plan for a lower budget."""
@@ -345,7 +346,7 @@ def _plan_offloading(ctx: Context, settings: Settings, offsets: bool, name: str,
 
 
 def _placed(ctx: Context, settings: Settings, offsets: bool, name: str, deadline: float | None = None,
-            beat_ns: int | None = None, finer: bool = False) -> Planned:
+            beat_ns: int | None = None, finer: int = 0) -> Planned:
     t0 = time.monotonic()
     budget = ctx.hw.hbm_bytes
     g, hw = ctx.graph, ctx.hw
@@ -369,7 +370,7 @@ def _placed(ctx: Context, settings: Settings, offsets: bool, name: str, deadline
 
 def _placed_from(ctx: Context, settings: Settings, offsets: bool, name: str, deadline: float | None, t0: float,
                  floor: int, first_replan: int | None, spec: Background | None, beat_ns: int | None,
-                 finer: bool = False) -> Planned:
+                 finer: int = 0) -> Planned:
     g, hw = ctx.graph, ctx.hw
     budget = hw.hbm_bytes
     plan, timeline, answers, windows_cut = _plan_checked(ctx, settings, budget, name)
@@ -394,6 +395,7 @@ def _placed_from(ctx: Context, settings: Settings, offsets: bool, name: str, dea
     fresh = True  # the attempt's plan is valid: ``placed`` and ``height`` are its static offsets' outcome
     placed, height = place_statically(g, hw, plan, timeline, found=_offsets(ctx, timeline))
     cut = False  # the deadline, a wall clock, stopped the replanning: another run may plan differently
+    between = 0  # budgets planned halfway back up so far (``finer``)
     while True:
         if fresh:
             if placed is not None:
@@ -415,13 +417,14 @@ def _placed_from(ctx: Context, settings: Settings, offsets: bool, name: str, dea
             # Between a budget too low (or one that fits) and one that does not fit: halfway, on small graphs or
             # when asked (``finer``) (a plan for a lower budget is usually slower, and the recompute chains run out of
             # room before the gap selection does).
-            if not (refine or finer) or attempt >= OFFSET_RETRIES + REFINE_RETRIES or (
+            if not (refine or between < finer) or attempt >= OFFSET_RETRIES + REFINE_RETRIES or (
                     unplaced - low <= hw.hbm_bytes // 100):
                 break
             if not _cheap(t0, deadline):
                 cut = True
                 break
             budget = (low + unplaced) // 2
+            between += 1
         else:
             if attempt >= OFFSET_RETRIES:
                 break

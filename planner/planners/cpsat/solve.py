@@ -124,8 +124,17 @@ SWEEP_AFFORDABLE_SHARE = 0.6
 BELADY_SHARE = 0.75
 # Where greedy's fastest plan there was planned for a lower budget so that its static offsets fit, it is planned again
 # searching that budget halfway back up, as on small graphs, when this many full plans fit in that share: on the same
-# graph, Belady's plan at 47.8 instead of 45.5 GB, 20,155.61 ms in 32.0 s.
+# graph, Belady's plan at 47.8 instead of 45.5 GB, 20,155.61 ms in 32.0 s. Each further full plan that fits buys one
+# budget more halfway back up, up to FINER_MAX_STEPS: a count fixed by the estimates, so that a deterministic run
+# plans the same budgets every run (with the clock alone deciding, the 29k-op graph at 120 s with one worker noted
+# that its run may not be reproducible).
 FINER_RUNS = 2.0
+FINER_MAX_STEPS = 3
+# When the search cannot run after the starts anyway, they may take this share of the time left instead of
+# BELADY_SHARE: not all of it, since a deterministic run counts from the whole limit, and on the full graphs the CLI's
+# loading, no-offload reference and writing take 10-15% of that (38.8k ops at 120 s: 14.3 s; with 1.0 the finer
+# start ran there, 104.6 s wall, and the clock cut it).
+START_ALL_SHARE = 0.9
 # Greedy's plan with a tensor held through a crowded op (``_held_start``) runs when its estimate fits in this share
 # of the time left.
 HELD_SHARE = 0.45
@@ -975,16 +984,27 @@ def _finer_start(run: Run, ctx: Context, full_s: float, cands: list[tuple[Plan, 
             or best.stats.get("offset_attempts", 1) <= 1):
         return []
     settings = Settings(**{k: best.options[k] for k in Settings().as_dict()})
-    return _greedy_start(run, ctx, settings, FINER_RUNS * full_s, cands,
-                         "the static offsets' budget was not searched closer to the HBM budget", finer=True)
+    room = _start_room(run)
+    steps = min(FINER_MAX_STEPS, max(1, int(room / full_s - FINER_RUNS + 1) if full_s > 0 else FINER_MAX_STEPS))
+    return _greedy_start(run, ctx, settings, (FINER_RUNS - 1 + steps) * full_s, cands,
+                         "the static offsets' budget was not searched closer to the HBM budget", finer=steps)
+
+
+def _start_room(run: Run) -> float:
+    """The seconds a start on a large graph may take (``_greedy_start``): ``BELADY_SHARE`` of the time left, or
+    ``START_ALL_SHARE`` when the search cannot run after the starts anyway (the room kept for it would go unused: on
+    the full 29k-op graph at 49.1 GB, 120 s, one worker, the search needs about 67 s by its estimate, 49 s were
+    left, and the finer start, 41 s, more than 75% of them, was refused). By the estimates in deterministic runs."""
+    need, left = _search_room(run)
+    return max(0.0, left) * (BELADY_SHARE if left >= need else START_ALL_SHARE)
 
 
 def _greedy_start(run: Run, ctx: Context, settings: Settings, estimate_s: float, cands: list[tuple[Plan, Timeline]],
-                  refused: str, finer: bool = False) -> list[tuple[Plan, Timeline]]:
+                  refused: str, finer: int = 0) -> list[tuple[Plan, Timeline]]:
     """Greedy's plan in ``ctx`` at ``settings`` (with its deadline, and the fastest valid candidate's makespan as the
-    mark its evictions against compactions must beat), as a starting candidate, when ``estimate_s`` fits in
-    ``BELADY_SHARE`` of the time left; else [] and the note ``refused``."""
-    if not _affordable(run, estimate_s, BELADY_SHARE):
+    mark its evictions against compactions must beat), as a starting candidate, when ``estimate_s`` fits in the room
+    for starts (``_start_room``); else [] and the note ``refused``."""
+    if estimate_s > _start_room(run):
         run.notes.append(f"{refused}: about {estimate_s:.0f} s, more than the time left allows")
         return []
     run.start_s += estimate_s if run.deterministic else 0.0
@@ -999,6 +1019,16 @@ def _greedy_start(run: Run, ctx: Context, settings: Settings, estimate_s: float,
     if out.plan.stats.get("deadline_cut"):
         run.clock_cut()
     return [(out.plan, out.timeline)]
+
+
+def _search_room(run: Run) -> tuple[float, float]:
+    """(the seconds the search on a graph above ``whole_max_ops`` needs at least: ``SEARCH_MIN_RUNS`` executor runs
+    and a short solve; the seconds left for it): in deterministic runs by the op-count estimates and the limit (the
+    same every run), else by the executor runs measured and the clock."""
+    if run.deterministic:
+        return (SEARCH_MIN_RUNS * len(run.graph.ops) * SIM_S_PER_OP + WINDOW_MIN_S,
+                run.time_limit * (1 - RESERVE) - run.start_s)
+    return SEARCH_MIN_RUNS * run.estimated_sim_s() + WINDOW_MIN_S, run.left()
 
 
 def _affordable(run: Run, seconds: float, share: float = AFFORDABLE_SHARE) -> bool:
@@ -1042,8 +1072,7 @@ def _optimise(run: Run, base: Plan, base_tl: Timeline, objective: str, makespan_
         # Deterministic runs decide by the op-count estimates first, as their start phases do (``_affordable``):
         # the main job on the 29k-op graph skipped the search by the clock, and its notes said it may not be
         # reproducible. The clock still decides when the estimates say yes and the machine is slower.
-        est_need = SEARCH_MIN_RUNS * len(run.graph.ops) * SIM_S_PER_OP + WINDOW_MIN_S
-        est_left = run.time_limit * (1 - RESERVE) - run.start_s
+        est_need, est_left = _search_room(run)
         left = run.left()
         skip = True
         if run.deterministic and est_left < est_need:

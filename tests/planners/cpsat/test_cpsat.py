@@ -887,6 +887,22 @@ def test_where_the_sweep_does_not_fit_greedy_with_beladys_rule_is_a_start_when_i
         assert any("Belady's eviction rule is not a starting plan" in n for n in run.notes) == (large and not planned)
 
 
+def test_a_start_may_take_all_the_time_left_when_the_search_cannot_run_after_it(monkeypatch):
+    """The starts where the sweep does not fit keep a quarter of the time left for the search; when the search cannot
+    run anyway (the full 29k-op graph at 120 s with one worker: it needs about 67 s, 49 were left) they may take
+    nearly all of it, by the estimates, so the same every run."""
+    from planner.planners.cpsat.run import RESERVE
+
+    g, hw = crash_graph()
+    run = Run.start(g, hw, time_limit=100, workers=1)
+    run.start_s = run.time_limit * (1 - RESERVE) - 40.0  # 40 s left by the estimates
+    monkeypatch.setattr(solve, "SIM_S_PER_OP", 1e-6)  # the search fits
+    assert solve._start_room(run) == pytest.approx(solve.BELADY_SHARE * 40.0)
+    monkeypatch.setattr(solve, "SIM_S_PER_OP", 10.0)  # it does not
+    assert solve._start_room(run) == pytest.approx(solve.START_ALL_SHARE * 40.0)
+    assert solve.START_ALL_SHARE > solve.BELADY_SHARE
+
+
 def test_the_fastest_start_placed_for_a_lower_budget_is_planned_again_closer_to_the_budget_when_time_is_left(
         monkeypatch):
     """Where the sweep does not fit, the fastest starting plan, if greedy planned it for a lower budget so that its
