@@ -984,8 +984,9 @@ def _finer_start(run: Run, ctx: Context, full_s: float, cands: list[tuple[Plan, 
             or best.stats.get("offset_attempts", 1) <= 1):
         return []
     settings = Settings(**{k: best.options[k] for k in Settings().as_dict()})
+    # FINER_RUNS full plans for the first budget halfway back up, one more for each further budget.
     room = _start_room(run)
-    steps = min(FINER_MAX_STEPS, max(1, int(room / full_s - FINER_RUNS + 1) if full_s > 0 else FINER_MAX_STEPS))
+    steps = FINER_MAX_STEPS if full_s <= 0 else max(1, min(FINER_MAX_STEPS, int(room / full_s - FINER_RUNS) + 1))
     return _greedy_start(run, ctx, settings, (FINER_RUNS - 1 + steps) * full_s, cands,
                          "the static offsets' budget was not searched closer to the HBM budget", finer=steps)
 
@@ -1021,11 +1022,12 @@ def _greedy_start(run: Run, ctx: Context, settings: Settings, estimate_s: float,
     return [(out.plan, out.timeline)]
 
 
-def _search_room(run: Run) -> tuple[float, float]:
+def _search_room(run: Run, by_clock: bool = False) -> tuple[float, float]:
     """(the seconds the search on a graph above ``whole_max_ops`` needs at least: ``SEARCH_MIN_RUNS`` executor runs
-    and a short solve; the seconds left for it): in deterministic runs by the op-count estimates and the limit (the
-    same every run), else by the executor runs measured and the clock."""
-    if run.deterministic:
+    (the model, the first incumbent, one window, what follows the search) and a short solve; the seconds left for
+    it): in deterministic runs by the op-count estimates and the limit (the same every run), else (or ``by_clock``)
+    by the executor runs measured and the clock."""
+    if run.deterministic and not by_clock:
         return (SEARCH_MIN_RUNS * len(run.graph.ops) * SIM_S_PER_OP + WINDOW_MIN_S,
                 run.time_limit * (1 - RESERVE) - run.start_s)
     return SEARCH_MIN_RUNS * run.estimated_sim_s() + WINDOW_MIN_S, run.left()
@@ -1064,16 +1066,13 @@ def _optimise(run: Run, base: Plan, base_tl: Timeline, objective: str, makespan_
               window_ops: int, log: bool) -> tuple[Plan, Timeline] | None:
     if not base_tl.valid:
         run.notes.append(f"the starting plan ({base.planner}) is not valid; cpsat has no hint")
-    sim = run.estimated_sim_s()
     if len(run.graph.ops) > whole_max_ops:
-        # Preparing the model and the search's first incumbent, one window, and what follows the search: about
-        # SEARCH_MIN_RUNS executor runs and a short solve. Without that much time the starting plan is the answer.
-        need = SEARCH_MIN_RUNS * sim + WINDOW_MIN_S
-        # Deterministic runs decide by the op-count estimates first, as their start phases do (``_affordable``):
-        # the main job on the 29k-op graph skipped the search by the clock, and its notes said it may not be
-        # reproducible. The clock still decides when the estimates say yes and the machine is slower.
+        # Without the time for the search's least (``_search_room``) the starting plan is the answer. Deterministic
+        # runs decide by the op-count estimates first, as their start phases do (``_affordable``): the main job on the
+        # 29k-op graph skipped the search by the clock, and its notes said it may not be reproducible. The clock
+        # still decides when the estimates say yes and the machine is slower.
         est_need, est_left = _search_room(run)
-        left = run.left()
+        need, left = _search_room(run, by_clock=True)
         skip = True
         if run.deterministic and est_left < est_need:
             run.notes.append(f"no time for the search: it needs about {est_need:.0f} s on this graph by its op count, "
