@@ -15,7 +15,9 @@ valid remote copy at its end, valid until the next in-place write; a Detach free
 Recompute re-runs an op that ran before (one with no in-place updates) and, like the op, needs its inputs resident
 for its whole duration, as the versions the op first read; it allocates those of the op's outputs that are not on
 HBM at its start, usable at its end, as the version the op first made; a tensor that does not outlive the step is
-freed (HBM and remote copies) at the end of its last use (a recomputation reading or making it is a use).
+freed (HBM and remote copies) at the end of its last use (a recomputation reading or making it is a use). A tensor
+starts the step on the tier the plan places it on; a free one that no op updates, placed on HBM, also has its master
+copy on a remote tier (planner/placement.py: ``master_copies``).
 At equal times, ends come before frees and frees before starts.
 """
 
@@ -34,7 +36,7 @@ from planner.cost import op_durations_ns, transfer_duration_ns
 from planner.gc_pause import gc_paused
 from planner.graph import Graph
 from planner.hardware import HBM, Hardware
-from planner.placement import check_placement, start_tiers
+from planner.placement import check_placement, master_copies, start_tiers
 from planner.plan import COMPUTE, Plan, Step, StepKind
 from planner.timeline import Metrics, Residencies, Residency, StepTimes, Timeline, Violation
 
@@ -67,10 +69,11 @@ def _simulate(graph: Graph, hw: Hardware, plan: Plan, durations_ns: dict[str, in
         return Timeline(steps=(), residencies=(), metrics=empty, violations=tuple(problems))
     durations = durations_ns if durations_ns is not None else op_durations_ns(graph, hw)
     start = start_tiers(graph, plan.placement)
+    masters = master_copies(graph, hw, plan.placement)
     prog = _Program(graph, hw, plan.steps, durations, start)
     caching = allocator and not plan.offsets
     times = _time_steps(prog)
-    replayed = _replay(prog, times, start)
+    replayed = _replay(prog, times, start, masters)
     residencies = None
     extra: dict = {"allocator": "none"}
     compactions: tuple[int, ...] = ()
@@ -88,7 +91,7 @@ def _simulate(graph: Graph, hw: Hardware, plan: Plan, durations_ns: dict[str, in
             # before the delays (the delays are assumed not to reorder allocations). See docs/planners.md.
             delays = _defrag_delays(report, prog, times.starts)
             times = _time_steps(prog, delays)
-            replayed = _replay(prog, times, start)
+            replayed = _replay(prog, times, start, masters)
             compactions = tuple(d.step for d in report.defrags if d.step is not None)
         extra = {
             "allocator": "caching", "defrag_events": len(report.defrags), "defrag_ns": report.defrag_ns,
@@ -510,9 +513,10 @@ def _remade_starts(prog: _Program, starts: np.ndarray) -> dict[int, int]:
     return out
 
 
-def _replay(prog: _Program, times: _Times, start: dict[str, str]) -> _Replayed:
+def _replay(prog: _Program, times: _Times, start: dict[str, str], masters: dict[str, str]) -> _Replayed:
     """Replay the step starts and ends in time order, tracking every tensor's HBM copy (resident, usable from,
-    pinned by running ops and stores), its remote copies and their versions, and every allocation.
+    pinned by running ops and stores), its remote copies and their versions, and every allocation. The tensors
+    start on their ``start`` tiers, and those of ``masters`` (planner/placement.py) on HBM with a copy on theirs.
 
     One loop with the handlers inline and the state in per-tensor lists: this is the executor's hot loop (a
     call per event and an object per tensor were most of its time on 30k-op graphs). Long programs go to the
@@ -521,7 +525,7 @@ def _replay(prog: _Program, times: _Times, start: dict[str, str]) -> _Replayed:
     arrays = times.arrays()
     last_read = _last_read_starts(prog, arrays[0])
     if prog.n > COMPILED_MIN_STEPS:
-        got = _replay_compiled(prog, times, start, arrays, last_read)
+        got = _replay_compiled(prog, times, start, masters, arrays, last_read)
         if got is not None:
             return got
     names, n_tensors = prog.names, prog.n_tensors
@@ -560,6 +564,12 @@ def _replay(prog: _Program, times: _Times, start: dict[str, str]) -> _Replayed:
             resident[t] = True
         else:
             remote.setdefault(t, {})[k] = 0
+        opened[k][t] = len(allocs)
+        allocs.append((k, t, 0, -1))
+        alloc_end.append(-1)
+    for name, tier in masters.items():
+        t, k = prog.tindex[name], tier_index[tier]
+        remote.setdefault(t, {})[k] = 0
         opened[k][t] = len(allocs)
         allocs.append((k, t, 0, -1))
         alloc_end.append(-1)
@@ -770,8 +780,8 @@ def _kernel_columns(prog: _Program) -> dict:
     return got
 
 
-def _replay_compiled(prog: _Program, times: _Times, start: dict[str, str], arrays: tuple[np.ndarray, np.ndarray],
-                     last_read: np.ndarray) -> _Replayed | None:
+def _replay_compiled(prog: _Program, times: _Times, start: dict[str, str], masters: dict[str, str],
+                     arrays: tuple[np.ndarray, np.ndarray], last_read: np.ndarray) -> _Replayed | None:
     """``_replay``'s result from the compiled loop, or None when the program breaks a rule (the Python replay then
     words each violation)."""
     k = _kernel_columns(prog)
@@ -781,7 +791,7 @@ def _replay_compiled(prog: _Program, times: _Times, start: dict[str, str], array
     remote_v = np.full((n_tensors, n_tiers), -1, dtype=np.int64)
     opened = np.full((n_tiers, n_ids), -1, dtype=np.int64)
     # At most: the starting copies, every output and workspace of every op, a copy per transfer step.
-    cap = len(start) + len(prog.output_flat) + len(prog.op_names) + prog.n
+    cap = len(start) + len(masters) + len(prog.output_flat) + len(prog.op_names) + prog.n
     a_tier, a_aid, a_start, a_step = (np.zeros(cap, dtype=np.int64) for _ in range(4))
     a_end = np.full(cap, -1, dtype=np.int64)
     na = 0
@@ -791,6 +801,13 @@ def _replay_compiled(prog: _Program, times: _Times, start: dict[str, str], array
             resident[t] = True
         else:
             remote_v[t, j] = 0
+        opened[j, t] = na
+        a_tier[na], a_aid[na] = j, t
+        a_step[na] = -1
+        na += 1
+    for name, tier in masters.items():
+        t, j = prog.tindex[name], tier_index[tier]
+        remote_v[t, j] = 0
         opened[j, t] = na
         a_tier[na], a_aid[na] = j, t
         a_step[na] = -1

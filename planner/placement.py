@@ -8,6 +8,8 @@ tensor no op produces to its starting tier; a Plan carries the one its planner c
 The steady-state rules the executor checks (``planner/executor.py``):
 
 * a tensor placed on HBM is resident at time 0, and must be resident again when the step ends;
+* a tensor left to the planner that no op updates and placed on HBM also has a valid copy on the fastest
+  remote tier at time 0, its master copy (``master_copies``): it may be dropped and fetched back with no Store;
 * a tensor placed on a remote tier has a valid copy there at time 0 (its first use needs a Prefetch), and that
   tier must hold a copy of its latest version when the step ends: a tensor updated in place (a weight after the
   optimizer step, an optimizer state) is stored back after its last update;
@@ -42,6 +44,27 @@ def start_tiers(graph: Graph, placement: Mapping[str, str] | None = None) -> Pla
             continue
         out[name] = t.home if t.pinned else placement.get(name, HBM)
     return out
+
+
+def master_copies(graph: Graph, hw: Hardware, placement: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Return tensor -> remote tier for every tensor that starts the step on HBM *and* with a valid copy on that
+    tier: a tensor left to the planner (home ``auto``) that no op updates, placed on HBM.
+
+    Such a tensor (an inference weight, an embedding table) keeps its master copy on the fastest remote tier
+    (``Hardware.fastest_remote_tier``), which nothing ever writes, and the HBM copy a step ends with is still there
+    when the next step starts. So a step may drop the HBM copy and fetch it back with no Store, as for a tensor
+    placed remote, and still starts with it on HBM. The master copy holds its bytes on that tier. A tensor pinned
+    to HBM by the graph has no such copy (its home says it lives on HBM only), nor does one an op updates (its
+    copy elsewhere goes stale)."""
+    if not graph.free_tensors or not hw.remote_tiers:
+        return {}
+    updated = graph.home_free.get("updated")
+    if updated is None:
+        updated = graph.home_free["updated"] = frozenset(t for op in graph.ops for t in op.updates)
+    placement = placement or {}
+    tier = hw.fastest_remote_tier()
+    return {name: tier for name in graph.free_tensors
+            if placement.get(name, HBM) == HBM and name not in updated and graph.tensors[name].persistent}
 
 
 def with_placement(graph: Graph, placement: Mapping[str, str]) -> Graph:

@@ -8,7 +8,7 @@ import pytest
 
 from planner import api, bench
 from planner.formats.checkmate import graph_from_node_link
-from planner.graph import Graph, Op, Tensor, TensorKind
+from planner.graph import AUTO, Graph, Op, Tensor, TensorKind
 from planner.hardware import HBM, Hardware, Link, Tier
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,3 +120,15 @@ def checkmate_source_graph() -> Graph:
     doc = {"directed": True, "multigraph": False, "graph": {}, "nodes": nodes,
            "links": [{"source": a, "target": b} for a, b in links]}
     return graph_from_node_link(doc, "source.json", time_unit_s=1e-6)
+
+
+def weight_read_twice(home: str = AUTO, updated: bool = False, op1_workspace: int = 0) -> Graph:
+    """A 100 B weight read by op0 and op2 (and updated in place by op2 if ``updated``), op1 between them (1 us
+    each, op1 with ``op1_workspace`` bytes of workspace)."""
+    us = 1e-6
+    tensors = [Tensor("x", 10, TensorKind.INPUT), Tensor("w", 100, TensorKind.WEIGHT, home=home),
+               Tensor("a", 10), Tensor("b", 10), Tensor("y", 10, TensorKind.OUTPUT)]
+    ops = [Op("op0", "F", ("x", "w"), ("a",), duration_s=us),
+           Op("op1", "F", ("a",), ("b",), duration_s=us, workspace_bytes=op1_workspace),
+           Op("op2", "F", ("b", "w"), ("y",), ("w",) if updated else (), duration_s=us)]
+    return Graph.build("weight_read_twice", tensors, ops)

@@ -4,13 +4,14 @@ import random
 from dataclasses import FrozenInstanceError, asdict, replace
 
 import pytest
-from conftest import GRAPHS, chain_graph, simple_hardware
+from conftest import GRAPHS, chain_graph, simple_hardware, weight_read_twice
 
 from planner import api
 from planner.allocator import CachingAllocator, _disjoint, _overlaps
 from planner.errors import InputError
 from planner.executor import check_program, occupancy, simulate
-from planner.graph import Graph, Op, Tensor, TensorKind
+from planner.graph import AUTO, Graph, Op, Tensor, TensorKind
+from planner.hardware import HBM
 from planner.plan import Plan, ProgramBuilder, Step, StepKind
 from planner.timeline import Residency, StepTiming
 
@@ -286,6 +287,26 @@ def test_a_placement_must_respect_pins_and_tiers():
     assert kinds(bad) == ["program"] and "does not have" in bad.violations[0].message
     # On HBM from time 0, where it stays: valid with no cache op at all.
     assert simulate(free, simple_hardware(), pb.build("steady", "hand", placement={"w": "hbm"})).valid
+
+
+def test_a_free_tensor_nothing_writes_keeps_its_master_copy_when_placed_on_hbm():
+    # Dropped after op0 and fetched back for op2 with no Store: valid for a free read-only weight placed on HBM
+    # (its master copy is on the host, holding its bytes there from time 0), a data loss for one the graph pins to
+    # HBM or that op2 updates (planner/placement.py).
+    pb = ProgramBuilder()
+    c0 = pb.compute("op0")
+    d = pb.detach("w", waits=[c0])
+    pb.compute("op1")
+    f = pb.prefetch("w", "h2d", waits=[d])
+    pb.compute("op2", waits=[f])
+    hw = simple_hardware(hbm=1000)
+    tl = simulate(weight_read_twice(AUTO, updated=False), hw, pb.build("t", "hand", placement={"w": HBM}))
+    assert tl.valid, tl.violations
+    assert [(r.start_ns, r.until_end) for r in tl.residencies if r.tier == "host" and r.name == "w"] == [(0, True)]
+    assert tl.metrics.peak_bytes["host"] == 100 and tl.metrics.bytes_moved == {"d2h": 0, "h2d": 100}
+    for g in (weight_read_twice(HBM, updated=False), weight_read_twice(AUTO, updated=True)):
+        tl = simulate(g, hw, pb.build("t", "hand", placement={"w": HBM} if g.free_tensors else {}))
+        assert "data_loss" in kinds(tl), g.tensors["w"]
 
 
 def test_auto_home_is_only_for_tensors_that_outlive_the_step():

@@ -50,6 +50,7 @@ from planner.cost import op_durations_ns, transfer_duration_ns
 from planner.graph import AUTO, Graph, TensorKind
 from planner.hardware import HBM, Hardware
 from planner.orders import named_order
+from planner.placement import master_copies
 from planner.plan import Plan
 from planner.planners import greedy_kernel
 
@@ -211,6 +212,9 @@ class Context:
         self.unused_remote = {t: self.tiers[0] for t in graph.free_tensors if not acc[t] and self.tiers}
         # Free tensors placed remote by the current selection (their wrap-around gap is taken): tensor -> tier.
         self.wrapped: dict[str, str] = {}
+        # Free tensors that nothing writes: placed on HBM, they keep their master copy on the fastest remote tier
+        # (planner/placement.py), so a gap of theirs needs no Store whatever the selection places.
+        self.mastered = frozenset(master_copies(graph, hw)) if self.tiers else frozenset()
         # Every gap's links as columns (``LinkCalendar.link_columns``), each made on first use (and a mask of those).
         self.gap_links: tuple[np.ndarray, ...] | None = None
         self.spans = {t: self._span(t) for t in graph.tensors}
@@ -328,7 +332,8 @@ class Context:
                 cost = 0
             else:
                 ups = self.upd[t]
-                home_copy = t not in g.producer and (gap.wrap or not home_hbm[t]) and (not ups or ups[0] > a)
+                home_copy = t not in g.producer and (gap.wrap or not home_hbm[t] or t in self.mastered) and (
+                    not ups or ups[0] > a)
                 cost = 0
                 if not home_copy:
                     cost = store_ns.get(b)
@@ -470,10 +475,11 @@ class Context:
         return self.wrapped.get(t) or self.unused_remote.get(t) or HBM
 
     def has_home_copy(self, gap: Gap) -> bool:
-        """Whether the tensor's home copy on a remote tier is still valid at the start of the gap."""
+        """Whether the tensor's home copy on a remote tier (or its master copy: ``mastered``) is still valid at the
+        start of the gap."""
         if gap.tensor in self.graph.producer:
             return False
-        if not gap.wrap and self.home_of(gap.tensor) == HBM:
+        if not gap.wrap and self.home_of(gap.tensor) == HBM and gap.tensor not in self.mastered:
             return False
         ups = self.upd[gap.tensor]
         return not ups or ups[0] > gap.a

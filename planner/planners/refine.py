@@ -56,7 +56,9 @@ def resolve_copies(ctx: Context, gaps: list[Gap], tensors: Collection[str] | Non
         tensor = g.tensors[t]
         home = ctx.home_of(t)
         tgaps.sort(key=lambda x: x.a)
-        valid: set[str] = {home} if home != HBM else set()
+        # On HBM, a tensor nothing writes that the graph leaves to the planner keeps its master copy on the fastest
+        # tier (planner/placement.py).
+        valid: set[str] = {home} if home != HBM else {ctx.tiers[0]} if t in ctx.mastered else set()
         cursor = -1
         updates = ctx.upd[t]
         for gap in tgaps:
@@ -110,7 +112,7 @@ def room_never_binds(ctx: Context, gaps: list[Gap]) -> bool:
 
 
 def _home_bytes(ctx: Context) -> dict[str, int]:
-    """Remote tier -> the bytes of the tensors that start the step there."""
+    """Remote tier -> the bytes of the tensors that start the step there (master copies included)."""
     used = {t: 0 for t in ctx.tiers}
     producer = ctx.graph.producer
     for t, tensor in ctx.graph.tensors.items():
@@ -119,6 +121,8 @@ def _home_bytes(ctx: Context) -> dict[str, int]:
         home = ctx.home_of(t)
         if home in used:
             used[home] += tensor.bytes
+        elif t in ctx.mastered:
+            used[ctx.tiers[0]] += tensor.bytes
     return used
 
 

@@ -4,7 +4,7 @@ and no planner beats."""
 from __future__ import annotations
 
 import pytest
-from conftest import GRAPHS, small_case
+from conftest import GRAPHS, simple_hardware, small_case, weight_read_twice
 from hypothesis import given
 from hypothesis import strategies as st
 from test_properties import SMALL_PROPERTY, at_fraction, graphs_and_hardware
@@ -100,3 +100,19 @@ def test_a_start_plan_hints_the_search_and_bounds_it():
     assert st["proven"] and st["optimum_ns"] <= cpsat.timeline.metrics.makespan_ns
     tl = simulate(g, hw, plan)
     assert tl.valid and tl.metrics.makespan_ns <= cpsat.timeline.metrics.makespan_ns
+
+
+def test_a_free_weight_nothing_writes_is_dropped_and_fetched_back_with_no_store():
+    # A 100 B weight left to the planner, read by op0 and op2; op1's workspace leaves no room for it, and the links
+    # move 1 B per 20 ns. Placed on HBM it keeps its master copy on the host (planner/placement.py): drop it after
+    # op0, fetch it back after op1 (2,000 ns), 5,000 ns in all. With a Store first (2,000 ns, longer than op0) it
+    # would be 6,000 ns. The exact search, cpsat and greedy all find the plan with no Store.
+    g, hw = weight_read_twice(op1_workspace=100), simple_hardware(hbm=130, bw=0.05e9)
+    plan = plan_exact(g, hw, time_limit=30)
+    assert plan.status == "optimal" and plan.stats["exact"]["optimum_ns"] == 5000
+    for name in ("exact", "cpsat", "greedy"):
+        options = {"time_limit": 10, "workers": 1} if name == "cpsat" else {}
+        got = plan if name == "exact" else api.plan(g, hw, planner=name, **options).plan
+        tl = simulate(g, hw, got)
+        assert tl.valid and tl.metrics.makespan_ns == 5000 and tl.metrics.bytes_moved["d2h"] == 0, name
+        assert got.placement["w"] == "hbm", name

@@ -173,7 +173,7 @@ def tiers(m: Variables) -> None:
         terms = []
         fixed = tier.home_bytes
         for t in p.tensors:
-            if r not in t.tiers or t.starts_remote or not t.gaps:
+            if r not in t.tiers or t.starts_remote or t.mastered or not t.gaps:  # held in home_bytes
                 continue
             if t.index in m.tier_of:
                 terms.append((m.tier_of[t.index][r], t.nbytes))

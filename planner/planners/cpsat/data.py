@@ -20,7 +20,9 @@ instead of an end gap: off HBM after its last use, fetched back before the step 
 *free* tensor (home ``auto``) has an init gap that is a decision: offloaded, the tensor starts on that gap's tier
 (its first use needs the Prefetch) and its end gap is offloaded too (stored back when updated, dropped after its
 last use: the wrap-around gap); not offloaded, it starts on HBM (Y = 0, no Prefetch) and stays there at the end.
-Its version-0 gaps then need a Store only when it starts on HBM (``store_unless_placed``).
+Its version-0 gaps then need a Store only when it starts on HBM and an op updates it
+(``store_unless_placed``); one that nothing writes keeps its master copy on its only tier, the fastest
+(planner/placement.py), so its gaps never need one.
 
 Recomputation is a third answer for a gap, beside keeping the tensor and offloading it: the pseudo-tier
 ``RECOMPUTE`` among a gap's tiers drops the tensor after the users before the gap (a Detach, no Store) and re-runs
@@ -184,6 +186,12 @@ class TensorInfo:
         return self.producer is None and self.home != HBM
 
     @property
+    def mastered(self) -> bool:
+        """Free and never written: its master copy holds room on its (only) tier wherever it starts
+        (planner/placement.py)."""
+        return self.free and not self.updaters and self.persistent
+
+    @property
     def placement_gap(self) -> int | None:
         """The init gap whose offload decision is the free tensor's starting tier."""
         return self.gaps[0] if self.free and self.gaps else None
@@ -342,6 +350,10 @@ def build_problem(
             if not users:
                 ti.modelled = False
                 continue
+        elif free and not updaters and t.persistent:
+            # Nothing writes it: placed on HBM, it keeps its master copy on the fastest tier (planner/placement.py),
+            # which every gap of it fetches from, with no Store; placed remote, it starts there.
+            ti.tiers = tier_names[:1]
         else:
             ti.tiers = tier_names
         # Unused tensors that start on HBM stay there (the executor never frees them) unless an end gap moves them.
@@ -357,7 +369,8 @@ def build_problem(
                   min_bytes, gap_fraction, remat, offload)
 
     for name, tier in tiers.items():
-        home = sum(t.nbytes for t in tensors if t.starts_remote and t.home == name)
+        home = sum(t.nbytes for t in tensors
+                   if (t.starts_remote and t.home == name) or (t.mastered and t.tiers[0] == name))
         tiers[name] = replace(tier, home_bytes=home)
     capacity = (budget - fixed_bytes) // scale.unit_bytes
     return Problem(graph, hw, scale, budget, capacity, fixed_bytes, ops, tensors, gaps, slots, tiers, links, ref,
@@ -466,15 +479,16 @@ def _add_gaps(graph, hw, scale, ti: TensorInfo, gaps, slots, ref, pos, prefix_ns
         gap_tiers = real + ((RECOMPUTE,) if rm is not None else ())
         if not gap_tiers:
             continue
-        # A free tensor's end gap is offloaded only with its init gap, so its home copy is valid at version 0.
-        valid_home = (ti.starts_remote or (ti.free and kind in ("init", "end"))) and version == 0
+        # A free tensor's end gap is offloaded only with its init gap, so its home copy is valid at version 0; one
+        # that nothing writes has a valid copy on its tier wherever it starts (its master copy, or its home).
+        valid_home = (ti.starts_remote or (ti.free and (kind in ("init", "end") or not ti.updaters))) and version == 0
         needs_store = not valid_home and not (droppable and kind == "end") and kind != "init" and bool(real)
         before = max_before[nb]
         if not before and ti.producer is not None:
             before = (ti.producer,)
         g = Gap(len(gaps), ti.index, nb, kind, before, min_after[nb] if nb < n else (), version, None, gap_tiers,
                 placement=ti.free and kind == "init", required=restore and kind == "end",
-                store_unless_placed=ti.free and version == 0 and kind == "mid", remat=rm)
+                store_unless_placed=ti.free and version == 0 and kind == "mid" and bool(ti.updaters), remat=rm)
         if g.has_fetch:
             g.fetch_ns = {r: fetch_ns(r) for r in real}
             g.fetch = {r: scale.ticks(v) for r, v in g.fetch_ns.items()}
