@@ -213,7 +213,12 @@ class Context:
         # Free tensors placed remote by the current selection (their wrap-around gap is taken): tensor -> tier.
         self.wrapped: dict[str, str] = {}
         # Free tensors that nothing writes: placed on HBM, they keep their master copy on the fastest remote tier
-        # (planner/placement.py), so a gap of theirs needs no Store whatever the selection places.
+        # (planner/placement.py), so a gap of theirs needs no Store whatever the selection places. The program has
+        # none (``refine.resolve_copies``), but the selection still scores their gaps with one (``has_home_copy``,
+        # ``_gaps``): scored free, their gaps won over the wrap-around ones and greedy dropped the 1.85 GB embedding
+        # table between the prefill's chunks of the 29k-op NSA graph at 64 GB, two 45 ms fetches back in the open
+        # (18,196.92 ms, +1.36%, against 17,985.26 scored with the Store), and on NSA-64k-L3-1layer at 60% of its
+        # peak greedy-sweep gave 476.41 ms against 461.31 (2026-12-08).
         self.mastered = frozenset(master_copies(graph, hw)) if self.tiers else frozenset()
         # Every gap's links as columns (``LinkCalendar.link_columns``), each made on first use (and a mask of those).
         self.gap_links: tuple[np.ndarray, ...] | None = None
@@ -332,8 +337,7 @@ class Context:
                 cost = 0
             else:
                 ups = self.upd[t]
-                home_copy = t not in g.producer and (gap.wrap or not home_hbm[t] or t in self.mastered) and (
-                    not ups or ups[0] > a)
+                home_copy = t not in g.producer and (gap.wrap or not home_hbm[t]) and (not ups or ups[0] > a)
                 cost = 0
                 if not home_copy:
                     cost = store_ns.get(b)
@@ -475,11 +479,11 @@ class Context:
         return self.wrapped.get(t) or self.unused_remote.get(t) or HBM
 
     def has_home_copy(self, gap: Gap) -> bool:
-        """Whether the tensor's home copy on a remote tier (or its master copy: ``mastered``) is still valid at the
-        start of the gap."""
+        """Whether the tensor's home copy on a remote tier is still valid at the start of the gap, as the selection
+        scores it (a master copy, ``mastered``, is not counted: see there)."""
         if gap.tensor in self.graph.producer:
             return False
-        if not gap.wrap and self.home_of(gap.tensor) == HBM and gap.tensor not in self.mastered:
+        if not gap.wrap and self.home_of(gap.tensor) == HBM:
             return False
         ups = self.upd[gap.tensor]
         return not ups or ups[0] > gap.a

@@ -280,6 +280,24 @@ def test_copies_decided_again_for_the_given_up_gaps_tensors_only_are_those_of_a_
     assert not room_never_binds(Context(g, small), gaps)
 
 
+def test_a_free_tensor_nothing_writes_is_fetched_from_its_master_copy_with_no_store():
+    # Placed on HBM (its wrap-around gap not taken), a free weight that nothing writes keeps its master copy on the
+    # host (planner/placement.py): its mid gap fetches from there and stores nothing; updated by op2, it must be
+    # stored first. The host holds the master copy's bytes from the start.
+    from conftest import weight_read_twice
+
+    from planner.planners.greedy_select import Context
+    from planner.planners.refine import _home_bytes, resolve_copies
+
+    decided = []
+    for updated in (False, True):
+        ctx = Context(weight_read_twice(updated=updated), simple_hardware(hbm=1000))
+        mid = [gap for gap in ctx.gaps if gap.tensor == "w" and not gap.wrap and 0 <= gap.a < gap.u < ctx.n]
+        resolve_copies(ctx, mid)
+        decided.append((copies(mid), _home_bytes(ctx)["host"]))
+    assert decided == [([("w", 0, 2, False, None, "host")], 100), ([("w", 0, 2, True, "host", "host")], 0)]
+
+
 def test_early_fetches_start_the_next_states_while_the_last_are_stored():
     from planner.planners.greedy import Settings, build_plan
     from planner.planners.greedy_select import Context
