@@ -350,7 +350,7 @@ def build_problem(
             if not users:
                 ti.modelled = False
                 continue
-        elif free and not updaters and t.persistent:
+        elif ti.mastered:
             # Nothing writes it: placed on HBM, it keeps its master copy on the fastest tier (planner/placement.py),
             # which every gap of it fetches from, with no Store; placed remote, it starts there.
             ti.tiers = tier_names[:1]
